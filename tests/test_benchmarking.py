@@ -1,0 +1,104 @@
+"""The shared benchmark runner: interleaving, statistics, report JSON, `torchnext bench`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torchnext.benchmarking import Report, Timing, compare, percentile
+
+
+def test_compare_interleaves_and_rotates_order() -> None:
+    calls: list[str] = []
+    timings = compare(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, reps=4, warmup=1
+    )
+    # warm-up a,b then rotated pairs: ab, ba, ab, ba
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+    assert set(timings) == {"a", "b"}
+    assert all(len(t.samples_s) == 4 for t in timings.values())
+
+
+def test_compare_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="candidates is empty"):
+        compare({})
+    with pytest.raises(ValueError, match="reps=0"):
+        compare({"a": lambda: None}, reps=0)
+
+
+def test_percentile_and_timing_statistics() -> None:
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+    with pytest.raises(ValueError, match="empty"):
+        percentile([], 50)
+    t = Timing("x", (1.0, 2.0, 3.0, 4.0, 5.0))
+    assert t.median_s == 3.0
+    assert t.spread == pytest.approx((4.6 - 1.4) / 3.0)
+
+
+def test_report_prints_table_and_writes_summary_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = Report(name="demo-bench", columns=["size", "ratio"])
+    report.add(size="1kb", ratio=1.5)
+    with pytest.raises(ValueError, match="missing columns"):
+        report.add(size="2kb")
+    report.summary["speedup"] = 1.5
+    target = report.write(tmp_path / "demo-bench.json")
+    out = capsys.readouterr().out
+    assert "size" in out and "1.500" in out
+    payload = json.loads(target.read_text())
+    assert payload["speedup"] == 1.5
+    assert payload["summary"] == {"speedup": 1.5}
+    assert payload["rows"] == [{"size": "1kb", "ratio": 1.5}]
+
+
+def test_bench_cli_runs_a_script_with_its_arguments(tmp_path: Path) -> None:
+    (tmp_path / "toy_bench.py").write_text(
+        textwrap.dedent(
+            """
+            from torchnext.benchmarking import Report
+
+            def main(argv):
+                report = Report(name="toy-bench", columns=["arg"])
+                report.add(arg=" ".join(argv))
+                report.summary["n_args"] = len(argv)
+                report.write()
+                return 0
+            """
+        )
+    )
+    env_cmd = [sys.executable, "-m", "torchnext", "bench", "toy-bench", "--quick", "x"]
+    proc = subprocess.run(
+        env_cmd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**_env(), "TORCHNEXT_BENCH_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads((tmp_path / "results" / "toy-bench.json").read_text())
+    assert payload["n_args"] == 2
+    assert payload["rows"][0]["arg"] == "--quick x"
+
+    listing = subprocess.run(
+        [sys.executable, "-m", "torchnext", "bench"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**_env(), "TORCHNEXT_BENCH_DIR": str(tmp_path)},
+    )
+    assert listing.stdout.split() == ["toy-bench"]
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)

@@ -1,0 +1,175 @@
+"""Every ``TORCHNEXT_*`` environment variable, typed and documented in one place.
+
+Precedence, everywhere in torchnext: an explicit argument to a function or config
+wins; else the environment variable; else the default below. (torchft lets the
+environment win over arguments; we do not, because a stray variable in a job
+template should never silently override what the code says.)
+
+Read a variable with ``ENV_NAME.get()``; never call ``os.environ`` for a
+``TORCHNEXT_*`` name elsewhere. ``torchnext doctor`` lists them all with their values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Generic, TypeVar
+
+__all__ = ["EnvVar", "ALL_VARS", "describe"]
+
+T = TypeVar("T")
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected one of 1/0, true/false, yes/no, on/off; got {raw!r}")
+
+
+def _parse_seconds(raw: str) -> timedelta:
+    seconds = float(raw)
+    if seconds < 0:
+        raise ValueError(f"expected a non-negative number of seconds; got {raw!r}")
+    return timedelta(seconds=seconds)
+
+
+def _parse_int(raw: str) -> int:
+    return int(raw.strip())
+
+
+def _parse_str(raw: str) -> str:
+    return raw
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvVar(Generic[T]):
+    """One environment variable: its name, type (via ``parse``), default and meaning."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+
+    def get(self) -> T:
+        """The typed value; the default when unset; ``ValueError`` naming the variable if bad."""
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ValueError(
+                f"environment variable {self.name}={raw!r} is invalid: {exc}. "
+                f"Fix the value or unset it (default: {self.default!r})."
+            ) from None
+
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+
+ALL_VARS: list[EnvVar[object]] = []
+
+
+def _var(name: str, default: T, parse: Callable[[str], T], doc: str) -> EnvVar[T]:
+    var = EnvVar(name=name, default=default, parse=parse, doc=doc)
+    ALL_VARS.append(var)  # type: ignore[arg-type]
+    return var
+
+
+# --------------------------------------------------------------------------- distributed
+
+TORCHNEXT_COLLECTIVE_TIMEOUT = _var(
+    "TORCHNEXT_COLLECTIVE_TIMEOUT",
+    timedelta(seconds=60),
+    _parse_seconds,
+    "Per-op timeout of fault-tolerant collectives, in seconds, when the call gives none.",
+)
+TORCHNEXT_HEARTBEAT_INTERVAL = _var(
+    "TORCHNEXT_HEARTBEAT_INTERVAL",
+    timedelta(milliseconds=100),
+    _parse_seconds,
+    "Interval between liveness heartbeats written to the store, in seconds.",
+)
+TORCHNEXT_HEARTBEAT_TIMEOUT = _var(
+    "TORCHNEXT_HEARTBEAT_TIMEOUT",
+    timedelta(seconds=1),
+    _parse_seconds,
+    "A peer whose heartbeat is older than this many seconds is suspected failed.",
+)
+TORCHNEXT_STORE_TIMEOUT = _var(
+    "TORCHNEXT_STORE_TIMEOUT",
+    timedelta(seconds=30),
+    _parse_seconds,
+    "Bound on connecting to and waiting on the rendezvous store, in seconds.",
+)
+TORCHNEXT_FR_ENABLE = _var(
+    "TORCHNEXT_FR_ENABLE",
+    False,
+    _parse_bool,
+    "Enable the flight recorder for plain torch.distributed calls at import of "
+    "torchnext.distributed.",
+)
+TORCHNEXT_FR_BUFFER_SIZE = _var(
+    "TORCHNEXT_FR_BUFFER_SIZE",
+    2000,
+    _parse_int,
+    "Entries kept in the flight recorder's ring buffer.",
+)
+TORCHNEXT_FR_DUMP_DIR = _var(
+    "TORCHNEXT_FR_DUMP_DIR",
+    "",
+    _parse_str,
+    "Directory for flight-recorder dumps; empty means the current directory's "
+    "'torchnext-fr' folder.",
+)
+TORCHNEXT_FR_STACKS = _var(
+    "TORCHNEXT_FR_STACKS",
+    False,
+    _parse_bool,
+    "Record a Python stack with each flight-recorder entry (costs more per call).",
+)
+
+# --------------------------------------------------------------------------- linalg
+
+TORCHNEXT_LINALG_THREADS = _var(
+    "TORCHNEXT_LINALG_THREADS",
+    0,
+    _parse_int,
+    "Threads the linalg dispatcher splits large CPU batches over; 0 means torch's "
+    "intra-op thread count.",
+)
+
+# --------------------------------------------------------------------------- bench / cli
+
+TORCHNEXT_BENCH_DIR = _var(
+    "TORCHNEXT_BENCH_DIR",
+    "",
+    _parse_str,
+    "Folder holding benchmark scripts for `torchnext bench`; empty means ./benchmarks, "
+    "then the source checkout's benchmarks/.",
+)
+
+
+def describe() -> list[dict[str, str]]:
+    """One record per variable: name, value (as text), default, whether set, doc."""
+    rows = []
+    for var in ALL_VARS:
+        try:
+            value = repr(var.get())
+        except ValueError as exc:
+            value = f"<invalid: {exc}>"
+        rows.append(
+            {
+                "name": var.name,
+                "value": value,
+                "default": repr(var.default),
+                "set": str(var.is_set()),
+                "doc": var.doc,
+            }
+        )
+    return rows

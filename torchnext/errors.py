@@ -1,0 +1,183 @@
+"""Typed errors raised by torchnext, in one place.
+
+Every error subclasses :class:`TorchnextError` *and* the builtin exception a caller
+would already catch (``RuntimeError``, ``TimeoutError``, ``ValueError``...), so code
+written against plain PyTorch keeps working: ``except RuntimeError`` still catches a
+revoked collective, ``except TimeoutError`` still catches a bounded wait that ran out.
+
+Messages follow one rule: name the argument or resource, show the bad value, say the
+fix. Errors that cross a thread or process boundary keep the original traceback text
+in ``remote_traceback``.
+
+Sections below belong to the package areas; add new errors to your area's section.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TorchnextError",
+    # distributed
+    "CommError",
+    "CommRevokedError",
+    "CommTimeoutError",
+    "StaleEpochError",
+    "GroupShutdownError",
+    "StoreUnreachableError",
+    "AgreementError",
+    "MembershipError",
+    "HealingError",
+    "WindowError",
+    "WindowRevokedError",
+    "FlightRecorderDumpError",
+    # testing harness
+    "WorkerFailedError",
+    "HarnessTimeoutError",
+    # linalg
+    "NotPositiveDefiniteError",
+    "ConvergenceError",
+    # control flow / compile
+    "UnsupportedComplexOpError",
+    "DynamicSpecError",
+    # upgrade
+    "UpgradeError",
+    # benchmarks / cli
+    "BenchmarkNotFoundError",
+]
+
+
+class TorchnextError(Exception):
+    """Base of every torchnext error; always combined with a builtin exception type."""
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+class CommError(TorchnextError, RuntimeError):
+    """A collective or point-to-point operation of a fault-tolerant group failed."""
+
+
+class CommRevokedError(CommError):
+    """The group's epoch was revoked (ULFM semantics): every pending and future op fails.
+
+    Attributes:
+        epoch: the revoked epoch.
+        suspects: global ranks suspected to have failed (may be empty if unknown).
+        reason: the first failure that caused the revoke, as text.
+    """
+
+    def __init__(
+        self, message: str, *, epoch: int, suspects: tuple[int, ...] = (), reason: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.suspects = suspects
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_revoked, (str(self), self.epoch, self.suspects, self.reason))
+
+
+def _rebuild_revoked(
+    message: str, epoch: int, suspects: tuple[int, ...], reason: str
+) -> CommRevokedError:
+    return CommRevokedError(message, epoch=epoch, suspects=suspects, reason=reason)
+
+
+class CommTimeoutError(TorchnextError, TimeoutError):
+    """A bounded wait on a collective, the store or a peer ran out."""
+
+
+class StaleEpochError(CommError):
+    """A process from an old epoch tried to act in a newer one (fencing)."""
+
+
+class GroupShutdownError(CommError):
+    """An operation was issued on a group that was shut down."""
+
+
+class StoreUnreachableError(TorchnextError, ConnectionError):
+    """The rendezvous store could not be reached at the named address."""
+
+
+class AgreementError(CommError):
+    """Survivors could not agree on a membership within the bound."""
+
+
+class MembershipError(TorchnextError, ValueError):
+    """A membership request names ranks that are not, or cannot be, members."""
+
+
+class HealingError(CommError):
+    """A joining process could not receive or apply state from a live peer."""
+
+
+class WindowError(TorchnextError, ValueError):
+    """Bad use of an RMA window: offsets, sizes, dtypes, lock state."""
+
+
+class WindowRevokedError(CommRevokedError):
+    """The RMA window's group was revoked or reconfigured; re-create the window."""
+
+
+class FlightRecorderDumpError(TorchnextError, ValueError):
+    """A flight-recorder dump file is truncated, corrupt or of an unknown version."""
+
+
+# --------------------------------------------------------------------------- testing
+
+
+class WorkerFailedError(TorchnextError, RuntimeError):
+    """A worker of the multi-process harness raised; ``remote_traceback`` holds its text."""
+
+    def __init__(self, message: str, *, rank: int = -1, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+
+
+class HarnessTimeoutError(TorchnextError, TimeoutError):
+    """The multi-process harness gave up waiting for workers within its bound."""
+
+
+# --------------------------------------------------------------------------- linalg
+
+
+class NotPositiveDefiniteError(TorchnextError, ValueError):
+    """A matrix required to be (Hermitian) positive definite is not.
+
+    Attributes:
+        batch_index: index of the first offending matrix in the flattened batch.
+    """
+
+    def __init__(self, message: str, *, batch_index: int = 0) -> None:
+        super().__init__(message)
+        self.batch_index = batch_index
+
+
+class ConvergenceError(TorchnextError, ArithmeticError):
+    """An iterative solver did not converge and no fallback was allowed."""
+
+
+# --------------------------------------------------------------------------- control flow
+
+
+class UnsupportedComplexOpError(TorchnextError, NotImplementedError):
+    """An op has no real-arithmetic decomposition for complex compile support."""
+
+
+class DynamicSpecError(TorchnextError, ValueError):
+    """A dynamic-shape spec is malformed, stacked, or violated at run time."""
+
+
+# --------------------------------------------------------------------------- upgrade
+
+
+class UpgradeError(TorchnextError, RuntimeError):
+    """The upgrade tool could not process a file or its configuration."""
+
+
+# --------------------------------------------------------------------------- cli / bench
+
+
+class BenchmarkNotFoundError(TorchnextError, LookupError):
+    """``torchnext bench NAME`` names no benchmark script."""
