@@ -107,6 +107,39 @@ TORCHNEXT_STORE_TIMEOUT = _var(
     _parse_seconds,
     "Bound on connecting to and waiting on the rendezvous store, in seconds.",
 )
+TORCHNEXT_JOIN = _var(
+    "TORCHNEXT_JOIN",
+    False,
+    _parse_bool,
+    "Set by `torchnext run` on a replacement worker: join the running group and heal "
+    "from a live peer instead of creating the group.",
+)
+TORCHNEXT_ERROR_FILE = _var(
+    "TORCHNEXT_ERROR_FILE",
+    "",
+    _parse_str,
+    "Set by `torchnext run`: file where a worker writes the traceback of an uncaught "
+    "exception, so the agent reports it and does not restart the worker.",
+)
+TORCHNEXT_STORE_ADDR = _var(
+    "TORCHNEXT_STORE_ADDR",
+    "",
+    _parse_str,
+    "host:port of the TCPStore that fault-tolerant groups rendezvous through "
+    "(FaultTolerantGroup.from_env); it must live outside the workers.",
+)
+TORCHNEXT_MEMBER_ID = _var(
+    "TORCHNEXT_MEMBER_ID",
+    "",
+    _parse_str,
+    "This process's stable member id in a fault-tolerant group (FaultTolerantGroup.from_env).",
+)
+TORCHNEXT_WORLD_SIZE = _var(
+    "TORCHNEXT_WORLD_SIZE",
+    0,
+    _parse_int,
+    "Number of initial members of a fault-tolerant group (FaultTolerantGroup.from_env).",
+)
 TORCHNEXT_FR_ENABLE = _var(
     "TORCHNEXT_FR_ENABLE",
     False,
@@ -132,6 +165,13 @@ TORCHNEXT_FR_STACKS = _var(
     False,
     _parse_bool,
     "Record a Python stack with each flight-recorder entry (costs more per call).",
+)
+TORCHNEXT_RMA_ADDR = _var(
+    "TORCHNEXT_RMA_ADDR",
+    "",
+    _parse_str,
+    "Address the progress server of RMA windows listens on for members on other hosts; "
+    "empty means 127.0.0.1 when all members share this host, else this host name's address.",
 )
 
 # --------------------------------------------------------------------------- linalg

@@ -25,7 +25,9 @@ __all__ = [
     "StoreUnreachableError",
     "AgreementError",
     "MembershipError",
+    "CollectiveMismatchError",
     "HealingError",
+    "HealingRefusedError",
     "WindowError",
     "WindowRevokedError",
     "FlightRecorderDumpError",
@@ -35,9 +37,12 @@ __all__ = [
     # linalg
     "NotPositiveDefiniteError",
     "ConvergenceError",
+    "LinAlgInputError",
     # control flow / compile
     "UnsupportedComplexOpError",
     "DynamicSpecError",
+    "ControlFlowError",
+    "CudaGraphCaptureError",
     # upgrade
     "UpgradeError",
     # benchmarks / cli
@@ -107,8 +112,16 @@ class MembershipError(TorchnextError, ValueError):
     """A membership request names ranks that are not, or cannot be, members."""
 
 
+class CollectiveMismatchError(CommError, ValueError):
+    """Members called a collective with different ops, shapes, dtypes or roots."""
+
+
 class HealingError(CommError):
     """A joining process could not receive or apply state from a live peer."""
+
+
+class HealingRefusedError(HealingError):
+    """The healer refused a joiner whose model differs from the group's (do not retry)."""
 
 
 class WindowError(TorchnextError, ValueError):
@@ -158,6 +171,21 @@ class ConvergenceError(TorchnextError, ArithmeticError):
     """An iterative solver did not converge and no fallback was allowed."""
 
 
+class LinAlgInputError(TorchnextError, RuntimeError):
+    """A linalg input holds NaN/inf where the function cannot propagate them.
+
+    A ``RuntimeError`` like torch's ``LinAlgError``, so ``except RuntimeError`` code
+    written against ``torch.linalg`` keeps working.
+
+    Attributes:
+        batch_index: index of the first offending matrix in the flattened batch.
+    """
+
+    def __init__(self, message: str, *, batch_index: int = 0) -> None:
+        super().__init__(message)
+        self.batch_index = batch_index
+
+
 # --------------------------------------------------------------------------- control flow
 
 
@@ -167,6 +195,14 @@ class UnsupportedComplexOpError(TorchnextError, NotImplementedError):
 
 class DynamicSpecError(TorchnextError, ValueError):
     """A dynamic-shape spec is malformed, stacked, or violated at run time."""
+
+
+class ControlFlowError(TorchnextError, RuntimeError):
+    """Bad arguments to ``switch``/``while_loop`` (RuntimeError, as torch 2.14 raises)."""
+
+
+class CudaGraphCaptureError(ControlFlowError):
+    """A ``while_loop`` cannot be captured in a CUDA graph here (device, carries, RNG...)."""
 
 
 # --------------------------------------------------------------------------- upgrade

@@ -170,6 +170,8 @@ def worker_main(
         # The harness sends SIGUSR1 to a worker that overran the timeout to learn where it hung.
         dump = open(spec.stack_dump_path, "w")  # noqa: SIM115 - must stay open for the handler
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+        # A crash (SIGSEGV, SIGABRT...) leaves its Python stacks there too.
+        faulthandler.enable(file=dump, all_threads=True)
     from torchnext import _env
 
     os.environ[_env.TORCHNEXT_STORE_ADDR.name] = f"{spec.store_host}:{spec.store_port}"

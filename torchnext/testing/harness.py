@@ -383,6 +383,8 @@ class MultiProcessHarness:
         w.result.exitcode = code
         if not w.got_result:
             w.result.outcome = "killed" if code == -signal.SIGKILL else "exited"
+            if w.result.outcome == "exited":
+                w.result.traceback = _read(w.stack_path)
         w.stopped_at = None
         w.resume_at = None
         w.done = True
@@ -427,16 +429,20 @@ class MultiProcessHarness:
                 w.result.outcome = "stopped"
             elif not w.got_result:
                 w.result.outcome = "timed_out"
-                try:
-                    with open(w.stack_path) as f:
-                        w.result.traceback = f.read()
-                except OSError:
-                    w.result.traceback = ""
+                w.result.traceback = _read(w.stack_path)
             w.done = True
 
     def _unfired(self) -> list[Fault]:
         fired = {(w.rank, p) for w in self._workers for (p, _, _) in w.result.faults_fired}
         return [f for f in self.faults if (f.rank, f.at) not in fired]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def _kill_tree(pid: int) -> None:

@@ -1,0 +1,57 @@
+"""`torchnext demo --json` end to end: real workers, a SIGKILL and a SIGSTOP, healed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_demo_json_survives_kill_and_stop(tmp_path: Path) -> None:
+    plot = tmp_path / "demo.png"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchnext.cli",
+            "demo",
+            "--json",
+            "--workers=3",
+            "--steps=110",
+            "--fault=kill:1@25",
+            "--fault=stop:2@60",
+            "--pace-ms=30",
+            "--generated-data",
+            f"--plot={plot}",
+            "--timeout-s=100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=115,
+    )
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == 0, (
+        summary.get("worker_exits"),
+        summary.get("worker_log_tails"),
+        proc.stderr[-3000:],
+    )
+    for key in (
+        "failures",
+        "recovery_s",
+        "final_loss",
+        "reference_final_loss",
+        "replicas_identical",
+        "plot",
+    ):
+        assert key in summary
+    assert summary["failures"] == 2
+    assert len(summary["recovery_s"]) == 2 and all(0 < r < 30 for r in summary["recovery_s"])
+    assert summary["replicas_identical"] is True
+    assert abs(summary["final_loss"] - summary["reference_final_loss"]) < 1e-4
+    assert summary["max_param_diff_vs_reference"] < 1e-4
+    assert summary["replacements"] >= 1
+    assert Path(summary["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

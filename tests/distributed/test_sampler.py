@@ -1,0 +1,96 @@
+"""Properties of the elastic sampler: a changing world size never skips or repeats data."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchnext.distributed.sampler import ElasticSampler, SamplerConfig, split_range
+
+
+@given(n=st.integers(0, 200), world=st.integers(1, 17))
+def test_split_range_partitions(n: int, world: int) -> None:
+    covered = []
+    for rank in range(world):
+        start, stop = split_range(n, rank, world)
+        covered.extend(range(start, stop))
+    assert covered == list(range(n))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    dataset_size=st.integers(1, 120),
+    batch=st.integers(1, 40),
+    worlds=st.lists(st.integers(1, 9), min_size=1, max_size=60),
+    aborts=st.lists(st.booleans(), min_size=1, max_size=60),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+)
+def test_world_size_changes_never_skip_or_repeat(
+    dataset_size: int,
+    batch: int,
+    worlds: list[int],
+    aborts: list[bool],
+    drop_last: bool,
+    shuffle: bool,
+) -> None:
+    if drop_last and batch > dataset_size:
+        return
+    sampler = ElasticSampler(
+        SamplerConfig(
+            dataset_size=dataset_size,
+            global_batch_size=batch,
+            seed=3,
+            shuffle=shuffle,
+            drop_last=drop_last,
+        )
+    )
+    seen: dict[int, list[int]] = {}
+    for i, world in enumerate(worlds):
+        sampler.global_batch()  # rolls the epoch over when the last one ended
+        epoch = sampler.epoch
+        shares = [sampler.indices(r, world) for r in range(world)]
+        if aborts[i % len(aborts)]:
+            # Discarded step: nothing advances, the same batch is redone next.
+            assert sum(shares, []) == sampler.global_batch()
+            continue
+        seen.setdefault(int(epoch), []).extend(sum(shares, []))
+        sampler.commit()
+    for epoch, indices in seen.items():
+        assert len(indices) == len(set(indices)), f"epoch {epoch} repeated a sample"
+        assert set(indices) <= set(range(dataset_size))
+    # Every finished epoch covered the whole dataset (minus the dropped tail).
+    for epoch in seen:
+        if epoch < sampler.epoch:
+            expected = dataset_size - (dataset_size % batch if drop_last else 0)
+            assert len(seen[epoch]) == expected
+
+
+def test_redo_on_fewer_members_gives_same_global_batch() -> None:
+    sampler = ElasticSampler(SamplerConfig(dataset_size=100, global_batch_size=12, seed=1))
+    four = [sampler.indices(r, 4) for r in range(4)]
+    three = [sampler.indices(r, 3) for r in range(3)]
+    assert sum(four, []) == sum(three, [])
+    assert [len(s) for s in three] == [4, 4, 4]
+
+
+def test_state_roundtrip_and_seed_mismatch() -> None:
+    cfg = SamplerConfig(dataset_size=50, global_batch_size=8, seed=5)
+    a = ElasticSampler(cfg)
+    for _ in range(9):
+        a.commit()
+    b = ElasticSampler(cfg)
+    b.load_state_dict(a.state_dict())
+    assert b.global_batch() == a.global_batch()
+    assert b.epoch == 1
+    other = ElasticSampler(SamplerConfig(dataset_size=50, global_batch_size=8, seed=6))
+    with pytest.raises(ValueError, match="seed"):
+        other.load_state_dict(a.state_dict())
+
+
+def test_config_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match="global_batch_size"):
+        SamplerConfig(dataset_size=10, global_batch_size=0)
+    with pytest.raises(ValueError, match="dataset_size"):
+        SamplerConfig(dataset_size=0, global_batch_size=1)

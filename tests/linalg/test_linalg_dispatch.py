@@ -1,0 +1,88 @@
+"""Dispatcher: route choice per device/dtype/size/batch, thread splitting, info records."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from linalg_gates import GATE_ORTH, GATE_RECON, hermitian_families, orth_neps, recon_neps
+
+import torchnext.linalg as tl
+from torchnext.linalg.dispatch import Problem, choose, run_batch_split, threads_for
+from torchnext.linalg.jacobi import eigh_jacobi, svd_jacobi
+from torchnext.linalg.unrolled import eigh_unrolled, svd_unrolled
+
+CPU = torch.device("cpu")
+
+
+def test_cpu_routes() -> None:
+    assert (
+        choose(Problem(op="eigh", device=CPU, dtype=torch.float32, n=4, batch=16384)) == "unrolled"
+    )
+    assert (
+        choose(Problem(op="svd", device=CPU, dtype=torch.float64, n=4, batch=16384)) == "unrolled"
+    )
+    assert (
+        choose(Problem(op="eigh", device=CPU, dtype=torch.float32, n=16, batch=16384)) == "lapack"
+    )
+    assert choose(Problem(op="eigh", device=CPU, dtype=torch.float32, n=4, batch=100)) == "lapack"
+    assert (
+        choose(Problem(op="eigh", device=CPU, dtype=torch.complex64, n=4, batch=16384)) == "lapack"
+    )
+    assert choose(Problem(op="qr", device=CPU, dtype=torch.float32, n=4, batch=16384)) == "lapack"
+    assert (
+        choose(Problem(op="eigh", device=CPU, dtype=torch.complex64, n=4, batch=9), "jacobi")
+        == "jacobi"
+    )
+    mps = torch.device("mps")
+    assert choose(Problem(op="svd", device=mps, dtype=torch.float32, n=16, batch=512)) == "jacobi"
+    assert choose(Problem(op="svd", device=mps, dtype=torch.float32, n=64, batch=512)) == "lapack"
+    with pytest.raises(ValueError, match="only offered for eigh and svd"):
+        choose(Problem(op="qr", device=CPU, dtype=torch.float32, n=4, batch=9), "jacobi")
+
+
+def test_thread_count_follows_env_and_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHNEXT_LINALG_THREADS", "1")
+    assert threads_for(CPU, 100000) == 1
+    monkeypatch.setenv("TORCHNEXT_LINALG_THREADS", "4")
+    assert threads_for(CPU, 100000) == 4
+    assert threads_for(CPU, 1000) == 1  # too small to be worth a hand-off
+    assert threads_for(torch.device("cuda"), 100000) == 1
+
+
+def test_batch_split_equals_serial(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHNEXT_LINALG_THREADS", "3")
+    A = torch.randn(3001, 6, 6, dtype=torch.float64)
+    H = A + A.mT
+    split = run_batch_split(lambda x: tuple(torch.linalg.eigh(x)), [H], chunks=3)
+    serial = torch.linalg.eigh(H)
+    torch.testing.assert_close(split[0], serial.eigenvalues)
+    L, V = tl.eigh(H)  # lapack route, split over 3 threads
+    torch.testing.assert_close(L, serial.eigenvalues)
+    assert recon_neps(H, (V * L[..., None, :]) @ V.mT, torch.float64) <= GATE_RECON
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+@pytest.mark.parametrize("n", [9, 16])
+def test_vectorised_jacobi_larger_orders(dtype: torch.dtype, n: int) -> None:
+    for name, A in hermitian_families(8, n, dtype).items():
+        L, V, info = eigh_jacobi(A)
+        assert orth_neps(V, dtype) <= GATE_ORTH, name
+        assert recon_neps(A, (V * L[..., None, :].to(V.dtype)) @ V.mH, dtype) <= GATE_RECON, name
+        assert bool(info.converged.all()), name
+    G = torch.randn(8, n + 2, n, dtype=dtype)
+    U, S, Vh, sinfo = svd_jacobi(G)
+    assert orth_neps(U, dtype) <= GATE_ORTH and orth_neps(Vh, dtype) <= GATE_ORTH
+    assert recon_neps(G, (U * S[..., None, :].to(U.dtype)) @ Vh, dtype) <= GATE_RECON
+    assert int(sinfo.iters.max()) < 20
+
+
+def test_unrolled_info_and_rank_deficient_completion() -> None:
+    A = torch.randn(64, 4, 4)
+    A[:, :, 3] = A[:, :, 2]  # rank 3: one singular value at the rounding floor
+    A[0] = 0
+    U, S, Vh, info = svd_unrolled(A)
+    assert orth_neps(U, torch.float32) <= GATE_ORTH
+    assert recon_neps(A, (U * S[..., None, :]) @ Vh, torch.float32) <= GATE_RECON
+    assert info.iters.dtype == torch.int32 and bool(info.converged.all())
+    L, V, einfo = eigh_unrolled(A + A.mT)
+    assert bool(einfo.converged.all())

@@ -1,0 +1,265 @@
+"""Multi-way ``switch``: run ``branches[index](*operands)``, capturable by every tracer.
+
+Use it where torch 2.14 code calls ``torch._higher_order_ops.switch``: the call has
+2.14's contract (out-of-range indices clamp into ``[0, K-1]``; Python-int indices
+specialise under tracing with the same ``UserWarning``; the same error types for bad
+branches), and it works on any torch that has ``torch.cond``.
+
+How: the K branches become a balanced binary tree of ``torch.cond`` nodes on the
+predicate ``index < mid``. Comparisons against integer midpoints clamp implicitly (a
+negative index walks left to branch 0, a too-large one right to branch K-1) and
+truncate float indices as 2.14 does, so no ``clamp`` node is needed. Consequences:
+
+* ``torch.compile(fullgraph=True)`` captures one graph holding every branch, with no
+  graph break, for a tensor or SymInt index; Inductor runs ``ceil(log2 K)`` host-side
+  ``if`` tests, not K.
+* ``torch.export`` keeps every branch, and, unlike 2.14's native HOP, the exported
+  program saves and loads with ``torch.export.save``/``load`` (``cond`` serialises).
+* ``make_fx``, autograd through the taken branch and ``vmap`` (``cond`` has a batching
+  rule) work wherever ``cond`` does.
+
+What not to assume: the graph holds ``higher_order.cond`` nodes, not a
+``higher_order.switch`` node, so passes that pattern-match the native HOP will not see
+one; in eager mode a tensor index is traced once per distinct set of branch functions
+(as 2.14 does), so build branches once, not per call.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from torchnext.control_flow._typed_errors import retyped
+from torchnext.errors import ControlFlowError
+
+__all__ = ["switch"]
+
+_DYNAMO_INDEX_WARNING = (
+    "Index is a Python constant. When used with torch.switch, it specializes on one of the "
+    "branches. If you want torch.switch to preserve the branches, please make the index a "
+    "tensor or SymInt."
+)
+_EXPORT_INDEX_WARNING = (
+    "Index is a Python constant. When used with torch.switch, it specializes on one of the "
+    "branches. If you want torch.switch to preserve the branches, please make the index an "
+    "int tensor or a SymInt."
+)
+
+
+_INT_BOX = "__torchnext_switch_int__"
+_NONE_BOX = "__torchnext_switch_none__"
+
+
+def _is_box(node: object) -> bool:
+    return isinstance(node, dict) and len(node) == 1 and (_INT_BOX in node or _NONE_BOX in node)
+
+
+def _box(out: Any, box_ints: bool) -> Any:
+    # cond accepts neither None outputs nor (once nested) the unbacked SymInt an inner
+    # cond makes of differing ints; carry both through the tree as tiny tensors.
+    def box(v: Any) -> Any:
+        if v is None:
+            return {_NONE_BOX: torch.zeros((), dtype=torch.bool)}
+        if box_ints and isinstance(v, int) and not isinstance(v, bool):
+            return {_INT_BOX: torch.tensor(v, dtype=torch.int64)}
+        return v
+
+    return pytree.tree_map(box, out, is_leaf=lambda v: v is None)
+
+
+def _unbox(out: Any) -> Any:
+    def unbox(node: Any) -> Any:
+        if not _is_box(node):
+            return node
+        if _NONE_BOX in node:
+            return None
+        value = node[_INT_BOX]
+        return value.item() if torch.compiler.is_compiling() else int(value)
+
+    return pytree.tree_map(unbox, out, is_leaf=_is_box)
+
+
+def _call_branch(
+    *flat: Any, branch: Callable[..., Any], spec: pytree.TreeSpec, box_ints: bool
+) -> Any:
+    return _box(branch(*pytree.tree_unflatten(list(flat), spec)), box_ints)
+
+
+def _subtree(
+    index: Any, lo: int, hi: int, branches: tuple[Callable[..., Any], ...], *flat: Any
+) -> Any:
+    """Branches ``lo..hi-1`` as nested conds; ``index`` is compared, never clamped."""
+    if hi - lo == 1:
+        return branches[lo](*flat)
+    mid = (lo + hi) // 2
+    # partial objects, not fresh closures: Dynamo guards on the wrapped function, so the
+    # eager path's compile cache is reused across calls with the same branches.
+    return torch.cond(
+        index < mid,
+        functools.partial(_subtree, index, lo, mid, branches),
+        functools.partial(_subtree, index, mid, hi, branches),
+        tuple(flat),
+    )
+
+
+def _run_tree(index: Any, branches: tuple[Callable[..., Any], ...], flat: list[Any]) -> Any:
+    return _subtree(index, 0, len(branches), branches, *flat)
+
+
+def _validate(index: object, branches: object, leaves: list[Any]) -> None:
+    if not isinstance(index, (int, torch.SymInt, torch.Tensor)):
+        raise ControlFlowError(
+            f"Expected index to be int or single-element tensor, but got {index}. "
+            "Pass switch(index=...) as an int, a SymInt or a one-element tensor."
+        )
+    if isinstance(index, torch.Tensor) and index.numel() != 1:
+        raise ControlFlowError(
+            f"Expected index to be int or single-element tensor, but got {index}. "
+            f"switch(index=...) has {index.numel()} elements; pass one element."
+        )
+    if not isinstance(branches, (tuple, list)) or len(branches) == 0:
+        raise ControlFlowError(
+            "Expected branches to be a non-empty tuple or list of callables. "
+            f"switch(branches=...) got {branches!r}."
+        )
+    for i, branch in enumerate(branches):
+        if not callable(branch):
+            raise ControlFlowError(
+                f"Expected all branches to be callable. branch{i} is not callable "
+                f"(it is {type(branch).__name__}: {branch!r})."
+            )
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            raise ControlFlowError(
+                f"All operand leaves must be a Tensor but got {leaf}. "
+                "switch(operands=...) takes a pytree of tensors; close over other values "
+                "in the branch functions instead."
+            )
+
+
+def _describe_outputs(branch: Callable[..., Any], leaves: list[torch.Tensor]) -> str | None:
+    """Run ``branch`` on fake copies; return a description, or the problem it has."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fakes = [mode.from_tensor(t) for t in leaves]
+        out = branch(*fakes)
+    out_leaves, spec = pytree.tree_flatten(out)
+    parts = [str(spec)]
+    for j, leaf in enumerate(out_leaves):
+        if isinstance(leaf, torch.Tensor):
+            if any(leaf is f for f in fakes):
+                return f"!output {j} returns an operand unchanged (aliasing); return a .clone()"
+            parts.append(f"{leaf.dtype}/{leaf.dim()}d")
+        elif leaf is None or (isinstance(leaf, int) and not isinstance(leaf, bool)):
+            parts.append("int" if leaf is not None else "None")
+        else:
+            return (
+                f"!output {j} is a {type(leaf).__name__}; branch outputs must be tensors, "
+                "ints or None"
+            )
+    return " ".join(parts)
+
+
+def _diagnose(
+    exc: BaseException, wrapped: tuple[Callable[..., Any], ...], leaves: list[torch.Tensor]
+) -> BaseException | None:
+    """A message naming the offending branch, when fake-running the branches finds one."""
+    try:
+        described = [_describe_outputs(b, leaves) for b in wrapped]
+    except Exception:  # noqa: BLE001 - diagnosis is best effort; the original error stands
+        return None
+    problem = None
+    for i, desc in enumerate(described):
+        if desc is not None and desc.startswith("!"):
+            problem = f"branch{i}: {desc[1:]}"
+            break
+        if desc != described[0]:
+            problem = (
+                f"branch{i} returns {desc}, but branch0 returns {described[0]} "
+                "(tree structure, then dtype/ndim per output); every branch must return "
+                "the same structure, dtypes and ranks"
+            )
+            break
+    if problem is None:
+        return None
+    return retyped(exc, f"switch: {problem}.")
+
+
+def _warn_dynamo_index(ctx: object) -> None:
+    warnings.warn(_DYNAMO_INDEX_WARNING, UserWarning, stacklevel=2)
+
+
+def _in_plain_eager() -> bool:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+
+
+def switch(
+    index: int | torch.SymInt | torch.Tensor,
+    branches: Sequence[Callable[..., Any]],
+    operands: Any = (),
+) -> Any:
+    """Run ``branches[clamp(index, 0, K-1)](*operands)``; capturable by compile/export/make_fx.
+
+    Args:
+        index: an ``int``, a ``SymInt`` or a one-element tensor (any dtype; float values
+            truncate, as in 2.14). Out-of-range values clamp; there is no negative
+            indexing. A Python ``int`` selects the branch at trace time (other branches
+            are not traced), with 2.14's ``UserWarning`` under compile/export.
+        branches: non-empty list/tuple of callables taking ``*operands``. Every branch
+            must return the same pytree structure and the same dtype and rank per tensor
+            leaf (sizes may differ); ``int``/``None`` leaves are allowed.
+        operands: a tuple (or pytree) of tensors passed to the chosen branch.
+
+    Raises:
+        ControlFlowError: (a ``RuntimeError``) bad index, empty or non-callable branches,
+            non-tensor operand leaves, before anything runs.
+        torch._dynamo.exc.TorchRuntimeError / UncapturedHigherOrderOpError: branches
+            whose outputs disagree (the types 2.14 raises), naming the branch in eager mode.
+    """
+    leaves, spec = pytree.tree_flatten(operands)
+    _validate(index, branches, leaves)
+    n = len(branches)
+    box = n > 2  # nesting only starts at three branches
+    wrapped = tuple(
+        functools.partial(_call_branch, branch=b, spec=spec, box_ints=box) for b in branches
+    )
+    if n == 1:
+        return branches[0](*pytree.tree_unflatten(leaves, spec))
+    if isinstance(index, bool):
+        index = int(index)
+    if isinstance(index, int):
+        chosen = max(0, min(index, n - 1))
+        if torch.compiler.is_dynamo_compiling():
+            from torch._dynamo.comptime import comptime
+
+            # Dynamo cannot trace warnings.warn; comptime runs it once, at trace time,
+            # which is when 2.14's native switch warns too.
+            comptime(_warn_dynamo_index)
+        elif torch.compiler.is_compiling():
+            warnings.warn(_EXPORT_INDEX_WARNING, UserWarning, stacklevel=2)
+        return branches[chosen](*pytree.tree_unflatten(leaves, spec))
+    if torch.compiler.is_dynamo_compiling():
+        return _unbox(_run_tree(index, wrapped, leaves))
+    compile_and_run: Callable[..., Any] | None
+    try:
+        from torch._higher_order_ops.utils import _maybe_compile_and_run_fn as compile_and_run
+    except ImportError:  # older torch: the top-level cond compiles the whole tree itself
+        compile_and_run = None
+    plain_eager = _in_plain_eager()
+    try:
+        if compile_and_run is None:
+            return _unbox(_run_tree(index, wrapped, leaves))
+        return _unbox(compile_and_run(_run_tree, index, wrapped, leaves))
+    except torch._dynamo.exc.TorchDynamoException as exc:
+        better = _diagnose(exc, wrapped, leaves) if plain_eager else None
+        if better is None:
+            raise
+        raise better from exc

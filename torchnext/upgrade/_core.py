@@ -1,0 +1,297 @@
+"""Shared state of the upgrade transformer: import aliases, scopes, ``# noqa``, reporting.
+
+The transformer is built in layers, each a module: this core (names and findings),
+:mod:`._guards` (version-guarded branches), :mod:`._structural` (rules that need
+statement or class context) and :mod:`.transform` (call sites and fixes). Names are
+resolved through the file's own imports in source order; a local variable that shadows
+an imported name is not tracked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from torchnext.upgrade import fixers_linalg as _fixers_linalg  # noqa: F401  (registers fixers)
+from torchnext.upgrade import fixers_misc as _fixers_misc  # noqa: F401  (registers fixers)
+from torchnext.upgrade._cst import dotted_name
+from torchnext.upgrade._site import CALL_FIXERS, METHOD_FIXERS, Diagnosis
+
+__all__ = ["SiteFinding", "TransformerCore", "noqa_map"]
+
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+[0-9]+(?:\s*,\s*[A-Za-z]+[0-9]+)*))?", re.I)
+
+# torch functions whose result is a tensor: a receiver built by one is provably a tensor.
+_TENSOR_FACTORIES = frozenset(
+    "randn rand randint randn_like rand_like zeros ones eye empty full tensor as_tensor "
+    "from_numpy arange linspace logspace zeros_like ones_like empty_like full_like stack cat "
+    "matmul mm bmm diag tril triu clone cholesky_solve".split()
+)
+
+# Attributes of a tensor that are tensors themselves.
+_TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag", "data", "grad"})
+
+
+def noqa_map(source: str) -> dict[int, frozenset[str] | None]:
+    """line -> codes silenced on it (None: all codes)."""
+    out: dict[int, frozenset[str] | None] = {}
+    if "noqa" not in source.lower():
+        return out
+    for lineno, line in enumerate(source.splitlines(), start=1):
+        m = _NOQA.search(line)
+        if m:
+            codes = m.group("codes")
+            out[lineno] = (
+                None if not codes else frozenset(c.strip().upper() for c in codes.split(","))
+            )
+    return out
+
+
+@dataclass
+class SiteFinding:
+    """A finding before it becomes a :class:`~torchnext.upgrade.findings.Finding`."""
+
+    code: str
+    detail: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    applicability: str | None
+    fixed: bool
+
+
+@dataclass
+class _Guard:
+    line: int
+    column: int
+    kind: str
+    count: int = 0
+
+
+@dataclass
+class _TryFrame:
+    node: cst.Try
+    in_body: bool = True
+    raises_typeerror_214: bool = False
+
+
+@dataclass
+class _Scope:
+    tensors: set[str] = field(default_factory=set)
+    split_groups: set[str] = field(default_factory=set)
+
+
+class TransformerCore(cst.CSTTransformer):
+    """Imports, scopes and reporting; the layers above add the rules."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(
+        self,
+        *,
+        active: frozenset[str],
+        fix_level: str,
+        noqa: dict[int, frozenset[str] | None],
+        aliases: dict[str, str] | None = None,
+        code_for_node: Callable[[cst.CSTNode], str] | None = None,
+        source_text: str = "",
+    ) -> None:
+        super().__init__()
+        if fix_level not in ("none", "safe", "unsafe"):
+            raise ValueError(f"fix_level={fix_level!r}: use none, safe or unsafe")
+        self.active = active
+        self.fix_level = fix_level
+        self.noqa = noqa
+        self.aliases: dict[str, str] = dict(aliases or {})
+        self.from_imports: dict[str, tuple[str, str, str | None]] = {}
+        self.code_for_node = code_for_node or cst.Module([]).code_for_node
+        self.findings: list[SiteFinding] = []
+        self.used_from_imports: set[tuple[str, str, str | None]] = set()
+        self.needs_torch_import = False
+        self.extra_imports: set[str] = set()
+        self.green_contexts = "GreenContext" in source_text or "green_context" in source_text
+        self._guards: list[_Guard] = []
+        self._tries: list[_TryFrame] = []
+        self._scopes: list[_Scope] = [_Scope()]
+        self._classes: list[tuple[bool, int]] = []  # (is ProcessGroup subclass, function depth)
+        self._func_depth = 0
+        self._wrapped: dict[int, tuple[str, str | int]] = {}
+        self._exempt: set[int] = set()
+        self._if_guards: set[int] = set()
+        self._bare_exprs: set[int] = set()  # if/while tests and assigned values: no parens needed
+        self._trailing: dict[int, _Guard] = {}
+        self._method_fixers = {
+            name: [f for f in fixers if f.code in active] for name, fixers in METHOD_FIXERS.items()
+        }
+        self._call_fixers = {
+            q: [f for f in fixers if f.code in active] for q, fixers in CALL_FIXERS.items()
+        }
+
+    # ------------------------------------------------------------------ names
+
+    @property
+    def torch_name(self) -> str:
+        for name, target in self.aliases.items():
+            if target == "torch":
+                return name
+        return "torch"
+
+    @property
+    def imports_torch(self) -> bool:
+        return any(t == "torch" or t.startswith("torch.") for t in self.aliases.values())
+
+    def qualify(self, node: cst.BaseExpression) -> str | None:
+        name = dotted_name(node)
+        if name is None:
+            return None
+        head, _, rest = name.partition(".")
+        target = self.aliases.get(head)
+        if target is None:
+            return None
+        return f"{target}.{rest}" if rest else target
+
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            full = dotted_name(alias.name)
+            if full is None:
+                continue
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                self.aliases[alias.asname.name.value] = full
+            else:
+                head = full.split(".")[0]
+                self.aliases[head] = head
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        module = dotted_name(node.module)
+        if module is None:
+            return
+        for alias in node.names:
+            name = dotted_name(alias.name)
+            if name is None:
+                continue
+            asname = (
+                alias.asname.name.value
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name)
+                else None
+            )
+            bound = asname or name
+            self.aliases[bound] = f"{module}.{name}"
+            self.from_imports[bound] = (module, name, asname)
+            if module == "torch._dynamo.backends.tvm" and name in (
+                "tvm_meta_schedule",
+                "tvm_auto_scheduler",
+            ):
+                self._report(alias, Diagnosis("TNU007", detail=f"`{name}` no longer exists"))
+
+    # ------------------------------------------------------------------ reporting
+
+    def _silenced(self, code: str, line: int, end_line: int) -> bool:
+        for ln in (line, end_line):
+            codes = self.noqa.get(ln, frozenset())
+            if codes is None or (codes and code in codes):
+                return True
+        return False
+
+    def _report(self, node: cst.CSTNode, diag: Diagnosis, *, fixable: bool = True) -> bool:
+        """Record a finding; True if its fix should be applied."""
+        if diag.code not in self.active:
+            return False
+        pos = self.get_metadata(PositionProvider, node)
+        line, end_line = pos.start.line, pos.end.line
+        if self._silenced(diag.code, line, end_line):
+            return False
+        detail = diag.detail
+        guarded = bool(self._guards) and diag.code not in ("TNU301", "TNU009", "TNU902")
+        if guarded:
+            self._guards[-1].count += 1
+            g = self._guards[-1]
+            detail = (detail + "; " if detail else "") + (
+                f"inside a version-guarded branch (line {g.line}); not rewritten"
+            )
+        applicability: str | None = None
+        if diag.fix is not None and fixable and not guarded:
+            applicability = "unsafe" if diag.unsafe else "safe"
+        apply = applicability is not None and (
+            self.fix_level == "unsafe" or (self.fix_level == "safe" and applicability == "safe")
+        )
+        self.findings.append(
+            SiteFinding(
+                code=diag.code,
+                detail=detail,
+                line=line,
+                column=pos.start.column + 1,
+                end_line=end_line,
+                end_column=pos.end.column + 1,
+                applicability=applicability,
+                fixed=apply,
+            )
+        )
+        if apply:
+            self.extra_imports.update(diag.imports)
+        return apply
+
+    def _has_torch_binding(self) -> bool:
+        return any(t == "torch" for t in self.aliases.values())
+
+    # ------------------------------------------------------------------ scopes
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._func_depth += 1
+        scope = _Scope()
+        for param in [*node.params.params, *node.params.kwonly_params, *node.params.posonly_params]:
+            if param.annotation is not None and self._is_tensor_annotation(
+                param.annotation.annotation
+            ):
+                scope.tensors.add(param.name.value)
+        self._scopes.append(scope)
+
+    def _is_tensor_annotation(self, ann: cst.BaseExpression) -> bool:
+        return self.qualify(ann) in ("torch.Tensor", "torch.tensor._Tensor") or (
+            isinstance(ann, cst.SimpleString)
+            and ann.value.strip("'\"") in ("Tensor", "torch.Tensor")
+        )
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        self._bare_exprs.add(id(value))
+        if not isinstance(value, cst.Call):
+            return
+        q = self.qualify(value.func)
+        if q is None:
+            return
+        targets = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
+        if q in ("torch.distributed.split_group", "torch.distributed.distributed_c10d.split_group"):
+            self._scopes[-1].split_groups.update(targets)
+        elif q.startswith("torch.") and q.rsplit(".", 1)[-1] in _TENSOR_FACTORIES:
+            self._scopes[-1].tensors.update(targets)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if isinstance(node.target, cst.Name) and self._is_tensor_annotation(
+            node.annotation.annotation
+        ):
+            self._scopes[-1].tensors.add(node.target.value)
+
+    def _is_tensor(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.Name):
+            return any(node.value in s.tensors for s in self._scopes)
+        if isinstance(node, cst.Attribute) and node.attr.value in _TENSOR_ATTRS:
+            return self._is_tensor(node.value)
+        if isinstance(node, cst.Subscript):
+            return self._is_tensor(node.value)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+            return self._is_tensor(node.left) or self._is_tensor(node.right)
+        if isinstance(node, cst.Call):
+            q = self.qualify(node.func)
+            return (
+                q is not None
+                and q.startswith("torch.")
+                and q.rsplit(".", 1)[-1] in _TENSOR_FACTORIES
+            )
+        return False
