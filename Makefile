@@ -35,8 +35,8 @@ venv: $(VENV)/.dev-stamp
 venv214: $(VENV214)/.stamp
 
 lint: $(VENV)/.dev-stamp
-	$(VENV)/bin/ruff check torchnext tests benchmarks
-	$(VENV)/bin/ruff format --check torchnext tests benchmarks
+	$(VENV)/bin/ruff check torchnext tests benchmarks examples
+	$(VENV)/bin/ruff format --check torchnext tests benchmarks examples
 
 typecheck: $(VENV)/.dev-stamp
 	$(VENV)/bin/mypy

@@ -40,8 +40,8 @@ def _worker(ctx: Any, reps: int, inner: dict[str, int]) -> dict[str, Any]:
         t = torch.ones(nbytes // 4)
         timings = compare(
             {
-                "gloo": lambda: plain.allreduce([t]).wait(),
-                "torchnext": lambda: group.all_reduce(t),
+                "gloo": lambda t=t: plain.allreduce([t]).wait(),
+                "torchnext": lambda t=t: group.all_reduce(t),
             },
             reps=reps,
             warmup=2,

@@ -52,12 +52,16 @@ def run(name: str, argv: list[str]) -> int:
     if spec is None or spec.loader is None:
         raise BenchmarkNotFoundError(f"cannot load benchmark script {path}")
     module = importlib.util.module_from_spec(spec)
+    # Registered like an imported module: pickling (worker processes) and torch.compile
+    # look benchmark functions up by their module name.
+    sys.modules[spec.name] = module
     sys.path.insert(0, str(folder))
     try:
         spec.loader.exec_module(module)
         return int(module.main(argv))
     finally:
         sys.path.remove(str(folder))
+        sys.modules.pop(spec.name, None)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -78,8 +78,18 @@ SNIPPETS: dict[str, str] = {
 }
 
 
+# name -> (statement, expression read after it): rewrites that span a statement.
+STATEMENTS: dict[str, tuple[str, str]] = {
+    "svd_unpack": ("U, S, V = torch.svd(W)", "(U, S, V)"),
+    "svd_unpack_full": ("U2, S2, V2 = torch.svd(W.mT, some=some_flag)", "(U2, S2, V2)"),
+    "svd_method": ("U3, S3, V3 = A.svd()", "(U3, S3, V3)"),
+}
+
+
 def _program(snippets: dict[str, str]) -> str:
     body = "\n".join(f"results[{name!r}] = {expr}" for name, expr in snippets.items())
+    for name, (statement, read) in STATEMENTS.items():
+        body += f"\n{statement}\nresults[{name!r}] = {read}"
     return (
         PREAMBLE
         + "\nresults = {}\n"
@@ -131,8 +141,8 @@ def test_fixed_programs_give_213_numbers_on_2141(
     )
     assert proc.returncode == 0, f"fixed program failed on 2.14.1:\n{fixed}\n{proc.stderr[-3000:]}"
     after = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(before) == set(after) == set(SNIPPETS)
-    for name in SNIPPETS:
+    assert set(before) == set(after) == set(SNIPPETS) | set(STATEMENTS)
+    for name in before:
         _close(before[name], after[name], name)
 
 

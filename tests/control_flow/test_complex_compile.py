@@ -18,6 +18,7 @@ def _common_ops(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return c, m.abs() + m.angle(), torch.view_as_real(m), torch.fft.ifft2(spectrum)
 
 
+@pytest.mark.slow  # one Inductor compile of a dozen complex ops: ~5-20 s on 2 cores
 def test_common_ops_with_complex_outputs_match_eager() -> None:
     torch._dynamo.reset()
     a = torch.randn(6, 6, dtype=torch.complex64)

@@ -169,9 +169,10 @@ class _M(torch.nn.Module):
         return switch(i, BRANCHES, (x,))
 
 
-def test_export_keeps_every_branch_and_saves_and_loads() -> None:
+@pytest.mark.parametrize("strict", [False, True])
+def test_export_keeps_every_branch_and_saves_and_loads(strict: bool) -> None:
     x = torch.randn(3)
-    ep = torch.export.export(_M(), (torch.tensor(1), x))
+    ep = torch.export.export(_M(), (torch.tensor(1), x), strict=strict)
     assert _count_conds(ep.graph_module) == len(BRANCHES) - 1
     buf = io.BytesIO()
     torch.export.save(ep, buf)

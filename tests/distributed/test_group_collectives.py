@@ -244,3 +244,39 @@ def test_split_color_and_ranks_revoked_with_parent() -> None:
     for v in vals:
         assert v["child_revoked"] is True
         assert v["callback_epochs"] == [0]
+
+
+def _op_timeout(ctx: WorkerContext) -> dict:
+    from torchnext.errors import CommTimeoutError
+
+    group = FaultTolerantGroup.from_env()
+    out: dict = {}
+    if group.rank == 0:
+        w = group.all_reduce(torch.ones(2), async_op=True, timeout=timedelta(seconds=20))
+        assert w is not None
+        try:
+            w.wait(timedelta(milliseconds=200))  # a short wait: not a failure of the op
+        except CommTimeoutError:
+            out["short_wait_revoked"] = group.is_revoked
+        try:
+            group.barrier(timeout=timedelta(milliseconds=500))
+        except CommTimeoutError as exc:
+            out["op_timeout"] = "timeout=0:00:00.500000" in str(exc)
+        out["revoked_after"] = group.is_revoked
+    else:
+        deadline = time.monotonic() + 20
+        while not group.is_revoked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        out["peer_saw_revoke"] = group.is_revoked
+    return out
+
+
+def test_per_op_timeout_revokes_and_short_wait_does_not() -> None:
+    result = run_workers(_op_timeout, world_size=2, timeout=T30)
+    assert all(r.outcome == "returned" for r in result), result.describe()
+    assert result[0].value == {
+        "short_wait_revoked": False,
+        "op_timeout": True,
+        "revoked_after": True,
+    }
+    assert result[1].value == {"peer_saw_revoke": True}

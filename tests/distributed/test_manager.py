@@ -176,7 +176,7 @@ def test_failure_free_run_matches_reference() -> None:
 
 def test_kill_during_forward_is_redone_on_survivors() -> None:
     result = _run(3, 14, [Fault(rank=1, at="forward:5", kind="kill")])
-    assert result[1].outcome == "killed"
+    assert result[1].outcome == "killed", result.describe()
     result.raise_if_failed([0, 2])
     values = [result[0].value, result[2].value]
     _check(values, 14)

@@ -154,3 +154,16 @@ def test_fault_validation() -> None:
         Fault(rank=0, at="x", kind="explode")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="resume_after"):
         Fault(rank=0, at="x", kind="kill", resume_after=timedelta(seconds=1))
+
+
+def _crash(ctx: WorkerContext) -> None:
+    import ctypes
+
+    ctypes.string_at(0)  # SIGSEGV
+
+
+def test_crash_is_reported_with_python_stack() -> None:
+    result = run_workers(_crash, world_size=1, timeout=timedelta(seconds=30))
+    assert result[0].outcome == "exited"
+    assert result[0].exitcode == -11
+    assert "_crash" in result[0].traceback

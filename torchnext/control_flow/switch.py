@@ -18,7 +18,10 @@ truncate float indices as 2.14 does, so no ``clamp`` node is needed. Consequence
 * ``make_fx``, autograd through the taken branch and ``vmap`` (``cond`` has a batching
   rule) work wherever ``cond`` does.
 
-What not to assume: the graph holds ``higher_order.cond`` nodes, not a
+What not to assume: compiled dispatch is O(log K), not O(1) like 2.14's native HOP:
+each tree level is a nested Inductor subgraph call (about 2 us on a CPU host), and
+AOT compile time grows about K log K because each level retraces its subtree. The
+graph holds ``higher_order.cond`` nodes, not a
 ``higher_order.switch`` node, so passes that pattern-match the native HOP will not see
 one; in eager mode a tensor index is traced once per distinct set of branch functions
 (as 2.14 does), so build branches once, not per call.
@@ -215,7 +218,9 @@ def switch(
             are not traced), with 2.14's ``UserWarning`` under compile/export.
         branches: non-empty list/tuple of callables taking ``*operands``. Every branch
             must return the same pytree structure and the same dtype and rank per tensor
-            leaf (sizes may differ); ``int``/``None`` leaves are allowed.
+            leaf (sizes may differ); ``int``/``None`` leaves are allowed (with three
+            or more branches under ``torch.compile``, int leaves come back through
+            ``.item()``, which needs ``torch._dynamo.config.capture_scalar_outputs``).
         operands: a tuple (or pytree) of tensors passed to the chosen branch.
 
     Raises:

@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 from torchnext import _env
+from torchnext.distributed.backend import build_backend, clone_store, connect_store
 from torchnext.distributed.collectives import CollectivesMixin
 from torchnext.distributed.group_config import GroupConfig
 from torchnext.distributed.heartbeat import Monitor, Watch
@@ -108,23 +109,6 @@ class _Epoch:
         self.lock = threading.Lock()
         self.callbacks_done = False
         self.retired_at: float | None = None
-
-
-def connect_store(addr: str, timeout: timedelta) -> dist.TCPStore:
-    """A client of the TCPStore at ``host:port``; :class:`StoreUnreachableError` if none."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(
-            f"store address {addr!r} is not host:port; set {_env.TORCHNEXT_STORE_ADDR.name} "
-            "like '10.0.0.1:29500'"
-        )
-    try:
-        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-    except (RuntimeError, OSError) as exc:
-        raise StoreUnreachableError(
-            f"cannot reach the store at {addr} within {timeout}: {exc}. Check that the "
-            "launcher (or whatever hosts the store) is running and the address is right."
-        ) from exc
 
 
 class FaultTolerantGroup(CollectivesMixin):
@@ -195,6 +179,15 @@ class FaultTolerantGroup(CollectivesMixin):
         self._coll_seq = 0
         self._p2p_seq = 0
         self._split_count = 0
+        self._native_pg: Any = None
+        if self.config.native_reconfigure and (
+            backend != "gloo" or not hasattr(dist.ProcessGroupGloo, "reconfigure")
+        ):
+            raise ValueError(
+                "GroupConfig.native_reconfigure=True needs backend='gloo' on torch >= 2.14 "
+                f"(this is torch {torch.__version__}, backend={backend!r}); leave it False to "
+                "use fresh gloo groups per epoch, which works on every version"
+            )
         self._device = (
             torch.device("cpu")
             if backend == "gloo"
@@ -376,50 +369,7 @@ class FaultTolerantGroup(CollectivesMixin):
             self.store.set(self._keys.latest_epoch(), str(number))
 
     def _build_backend(self, epoch: _Epoch, prefix: str) -> Any:
-        """Create the epoch's backend group on a helper thread, bounded and revocable."""
-        box: dict[str, Any] = {}
-        done = threading.Event()
-        timeout = self.config.collective_timeout
-
-        def build() -> None:
-            try:
-                store = dist.PrefixStore(prefix, clone_store(self.store, self.config.store_timeout))
-                if self.backend == "gloo":
-                    box["pg"] = dist.ProcessGroupGloo(store, epoch.rank, epoch.size, timeout)
-                else:
-                    opts = dist.ProcessGroupNCCL.Options()
-                    opts._timeout = timeout
-                    box["pg"] = dist.ProcessGroupNCCL(store, epoch.rank, epoch.size, opts)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-                box["error"] = exc
-            finally:
-                done.set()
-
-        thread = threading.Thread(target=build, name="torchnext-ft-connect", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + self.config.store_timeout.total_seconds()
-        slice_s = self.config.wait_slice.total_seconds()
-        while not done.wait(slice_s):
-            if epoch.revoked is not None:
-                raise epoch.revoked
-            if time.monotonic() >= deadline:
-                err = self._revoke_epoch(
-                    epoch,
-                    f"connecting epoch {epoch.number} did not finish within store_timeout",
-                    (),
-                )
-                raise CommTimeoutError(
-                    f"group {self.name!r}: members {list(epoch.members)} did not all connect for "
-                    f"epoch {epoch.number} within store_timeout={self.config.store_timeout}"
-                ) from err
-        if "error" in box:
-            err = self._revoke_epoch(
-                epoch, f"connecting epoch {epoch.number} failed: {box['error']}", ()
-            )
-            raise err from box["error"]
-        if epoch.revoked is not None:
-            raise epoch.revoked
-        return box["pg"]
+        return build_backend(self, epoch, prefix)
 
     def _retire(self, epoch: _Epoch, reason: str) -> None:
         self._mark_revoked(epoch, _revoke_payload(reason, [], self.member_id), local=True)
@@ -632,9 +582,9 @@ class FaultTolerantGroup(CollectivesMixin):
                 joined=tuple(m for m in proposal if m not in epoch.members),
                 kind=kind,
             )
-        alive = tuple(
-            m for m in epoch.members if m in acked and self._monitor.failure_of(m) is None
-        )
+        # An ack is fresher evidence of life than a heartbeat a loaded host delayed: an
+        # acked member stays in unless its process is known to be gone.
+        alive = tuple(m for m in epoch.members if m in acked and not self._monitor.is_dead(m))
         joiners: tuple[str, ...] = ()
         if kind == "grow":
             joiners = tuple(j for j in self._monitor.pending_joiners() if j not in alive)
@@ -785,16 +735,6 @@ class FaultTolerantGroup(CollectivesMixin):
             raise GroupShutdownError(f"the parent of split group {self.name!r} was shut down")
         if not allow_revoked and self._epoch.revoked is not None:
             raise self._epoch.revoked
-
-
-def clone_store(store: Any, timeout: timedelta) -> Any:
-    """A new client connection to ``store`` (the same store if it cannot be cloned)."""
-    try:
-        clone = store.clone()
-        clone.set_timeout(timeout)
-        return clone
-    except (AttributeError, RuntimeError):
-        return store
 
 
 def _revoke_payload(reason: str, suspects: list[str], by: str) -> str:

@@ -64,7 +64,16 @@ class GroupConfig:
     validate: bool = False
     """Debug mode: before each collective, members exchange the op name, shapes and
     dtypes and raise :class:`~torchnext.errors.CollectiveMismatchError` on a mismatch
-    instead of hanging or returning garbage. Costs one extra small collective per op."""
+    instead of hanging or returning garbage (gloo itself may abort the whole process on
+    a size mismatch: "Received data size doesn't match expected size"). Costs one extra
+    small collective per op; use it while developing."""
+
+    native_reconfigure: bool = False
+    """torch >= 2.14 with gloo only: keep one gloo group (``enable_reconfigure=True``)
+    and move it between epochs with its native ``reconfigure`` instead of building a
+    fresh gloo group per epoch. Best for planned changes (grow, reconfigure): after a
+    crash, an op still blocked in the old communicator occupies one of the group's
+    worker threads until its timeout, so the default (fresh groups) recovers faster."""
 
     def __post_init__(self) -> None:
         positive = {

@@ -118,6 +118,10 @@ class Monitor:
             return f"{what}: no heartbeat for over {self._config.heartbeat_timeout}"
         return None
 
+    def is_dead(self, member: str) -> bool:
+        """True only when a same-host probe shows ``member``'s process is gone."""
+        return member != self._me and self._probe(member) == "dead"
+
     def failed_members(self, members: tuple[str, ...]) -> list[str]:
         return [m for m in members if self.failure_of(m) is not None]
 

@@ -16,6 +16,9 @@ fixed when it is built, so the wrapper belongs to the epoch it was made in and r
 you would re-create anything sized by the world.
 """
 
+# c10d declares these methods with pybind overloads; the overrides follow the c10d
+# calling convention that torch.distributed uses, which mypy cannot match to overloads.
+# mypy: disable-error-code="override"
 from __future__ import annotations
 
 from datetime import timedelta
@@ -48,6 +51,7 @@ class _InteropWork(_C10dWork):  # type: ignore[misc]
         self._ft_works = works
         self._result = result
         self._future: torch.futures.Future[list[torch.Tensor]] | None = None
+        self._error: BaseException | None = None
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         for work in self._ft_works:
@@ -64,8 +68,9 @@ class _InteropWork(_C10dWork):  # type: ignore[misc]
         return next((e for e in (w.exception() for w in self._ft_works) if e is not None), None)
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
-        """A future completed off the caller's thread when every op ends (DDP waits on it);
-        a revoke completes it with the :class:`~torchnext.errors.CommRevokedError`."""
+        """A future completed off the caller's thread when every op ends or the group is
+        revoked (DDP waits on it); after a failure its value is undefined: check
+        ``group.is_revoked`` (see :meth:`_settle`)."""
         if self._future is not None:
             return self._future
         future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
@@ -98,11 +103,14 @@ class _InteropWork(_C10dWork):  # type: ignore[misc]
         self._view._pending.discard(self)
         if future is None or future.done():
             return
+        # A failed op completes its future *normally* (outputs undefined) and the error
+        # lives in the group (``is_revoked``/``errored()``): DDP's reducer cannot take
+        # a future that completes with an error (the process crashes in backward), so,
+        # as in torchft, the training loop checks the group after backward and drops
+        # the step. ``wait()`` still raises the typed error.
+        self._error = error
         try:
-            if error is None:
-                future.set_result(self._result)
-            else:
-                future.set_exception(error)
+            future.set_result(self._result)
         except RuntimeError:
             pass  # settled concurrently by the other path (completion vs revoke)
 
@@ -119,7 +127,7 @@ class FaultTolerantProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     """``torch.distributed.ProcessGroup`` view of one epoch of a fault-tolerant group."""
 
     def __init__(self, group: FaultTolerantGroup) -> None:
-        super().__init__(group.rank, group.size)
+        super().__init__(group.rank, group.size)  # type: ignore[call-arg]
         self._group = group
         self._epoch = group.epoch
         self._rank = group.rank
@@ -162,7 +170,9 @@ class FaultTolerantProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def _timeout(opts: Any) -> timedelta | None:
         return _timeout_or_none(getattr(opts, "timeout", None))
 
-    def _wrap(self, work: Work | list[Work | None] | None, result: list[torch.Tensor]) -> _InteropWork:
+    def _wrap(
+        self, work: Work | list[Work | None] | None, result: list[torch.Tensor]
+    ) -> _InteropWork:
         works = work if isinstance(work, list) else [work]
         return _InteropWork(self, [w for w in works if w is not None], result)
 
@@ -188,7 +198,10 @@ class FaultTolerantProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         return self._wrap(work, tensors)
 
     def allgather(
-        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
     ) -> _InteropWork:
         work = self._g().all_gather(
             output_tensors[0], input_tensors[0], async_op=True, timeout=self._timeout(opts)
@@ -198,11 +211,16 @@ class FaultTolerantProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _InteropWork:
-        work = self._g().all_gather_into_tensor(output, input, async_op=True, timeout=self._timeout(opts))
+        work = self._g().all_gather_into_tensor(
+            output, input, async_op=True, timeout=self._timeout(opts)
+        )
         return self._wrap(work, [output])
 
     def reduce_scatter(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
     ) -> _InteropWork:
         op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
         work = self._g().reduce_scatter(
@@ -214,7 +232,9 @@ class FaultTolerantProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _InteropWork:
         op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
-        work = self._g().reduce_scatter_tensor(output, input, op, async_op=True, timeout=self._timeout(opts))
+        work = self._g().reduce_scatter_tensor(
+            output, input, op, async_op=True, timeout=self._timeout(opts)
+        )
         return self._wrap(work, [output])
 
     def alltoall_base(
@@ -236,19 +256,29 @@ class FaultTolerantProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         return self._wrap(work, [output])
 
     def gather(
-        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
     ) -> _InteropWork:
         dst = int(getattr(opts, "rootRank", 0))
         gather_list = output_tensors[0] if output_tensors else None
-        work = self._g().gather(input_tensors[0], gather_list, dst, async_op=True, timeout=self._timeout(opts))
+        work = self._g().gather(
+            input_tensors[0], gather_list, dst, async_op=True, timeout=self._timeout(opts)
+        )
         return self._wrap(work, gather_list or [])
 
     def scatter(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
     ) -> _InteropWork:
         src = int(getattr(opts, "rootRank", 0))
         scatter_list = input_tensors[0] if input_tensors else None
-        work = self._g().scatter(output_tensors[0], scatter_list, src, async_op=True, timeout=self._timeout(opts))
+        work = self._g().scatter(
+            output_tensors[0], scatter_list, src, async_op=True, timeout=self._timeout(opts)
+        )
         return self._wrap(work, output_tensors)
 
     def barrier(self, opts: Any = None) -> _InteropWork:
@@ -273,5 +303,5 @@ def as_process_group(group: FaultTolerantGroup) -> FaultTolerantProcessGroup:
     # get_global_rank, the src= of broadcast) treat group ranks as global ranks.
     world = dist.distributed_c10d._world
     world.pg_group_ranks[view] = {r: r for r in range(group.size)}
-    world.pg_names[view] = view.group_name
+    world.pg_names[view] = view.group_name  # type: ignore[assignment]
     return view

@@ -32,7 +32,9 @@ from torchnext.linalg._info import IterInfo
 __all__ = ["polar_newton_schulz", "sqrth_newton_schulz", "scaled_schedule"]
 
 
-def _fma_mm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float, alpha: float) -> torch.Tensor:
+def _fma_mm(
+    c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float, alpha: float
+) -> torch.Tensor:
     """``beta * c + alpha * (a @ b)``: one fused ``baddbmm`` for real dtypes.
 
     Complex inputs take the unfused form: torch's CPU complex ``baddbmm`` with

@@ -95,6 +95,14 @@ def _tall_polar(
 ) -> tuple[torch.Tensor, torch.Tensor, IterInfo | None]:
     """Right polar of a tall batch, routed; unconverged matrices fall back to SVD."""
     B, m, n = a_BMN.shape
+    if n == 1 and method != "svd":
+        # A single column: U = a / ||a||, H = ||a|| (closed form, exact to rounding).
+        norm = torch.linalg.vector_norm(a_BMN, dim=-2, keepdim=True)
+        e1 = torch.zeros_like(a_BMN)
+        e1[:, 0] = 1
+        U = torch.where(norm > 0, a_BMN / torch.where(norm > 0, norm, 1).to(a_BMN.dtype), e1)
+        info = _direct_info(U, B) if want_info else None
+        return U, norm.to(a_BMN.dtype), info
     if method == "auto":
         cpu = a_BMN.device.type == "cpu"
         tiny_real = not a_BMN.is_complex() and n <= 6
@@ -203,9 +211,9 @@ def polar(
         if holder[0] is not None:
             info = holder[0].reshape(tuple(batch))
     if side == "right":
-        U, H = (U_t.mH, U_t @ H_t @ U_t.mH) if transpose else (U_t, H_t)
+        U, H = (U_t.mH, _herm(U_t @ H_t @ U_t.mH)) if transpose else (U_t, H_t)
     else:
-        U, H = (U_t.mH, H_t) if transpose else (U_t, U_t @ H_t @ U_t.mH)
+        U, H = (U_t.mH, H_t) if transpose else (U_t, _herm(U_t @ H_t @ U_t.mH))
     if out is not None:
         write_out(fn_name, out, (U, H))
         U, H = out

@@ -17,7 +17,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from torchnext.upgrade import fixers_linalg as _fixers_linalg  # noqa: F401  (registers fixers)
-from torchnext.upgrade import fixers_misc as _fixers_misc  # noqa: F401  (registers fixers)
+from torchnext.upgrade import fixers_misc as _fixers_misc
 from torchnext.upgrade._cst import dotted_name
 from torchnext.upgrade._site import CALL_FIXERS, METHOD_FIXERS, Diagnosis
 
@@ -84,6 +84,7 @@ class _TryFrame:
 class _Scope:
     tensors: set[str] = field(default_factory=set)
     split_groups: set[str] = field(default_factory=set)
+    profilers: set[str] = field(default_factory=set)
 
 
 class TransformerCore(cst.CSTTransformer):
@@ -125,6 +126,10 @@ class TransformerCore(cst.CSTTransformer):
         self._if_guards: set[int] = set()
         self._bare_exprs: set[int] = set()  # if/while tests and assigned values: no parens needed
         self._trailing: dict[int, _Guard] = {}
+        # `U, S, V = <call>`: call id -> "V"; and calls whose V must become `V = V.mH`.
+        self._unpacked_v: dict[int, str] = {}
+        self._svd_fixed: dict[int, str] = {}
+        self._line_assigns: set[int] = set()  # values of assignments alone on their line
         self._method_fixers = {
             name: [f for f in fixers if f.code in active] for name, fixers in METHOD_FIXERS.items()
         }
@@ -258,19 +263,51 @@ class TransformerCore(cst.CSTTransformer):
             and ann.value.strip("'\"") in ("Tensor", "torch.Tensor")
         )
 
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        if len(node.body) == 1 and isinstance(node.body[0], cst.Assign):
+            self._line_assigns.add(id(node.body[0].value))
+
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
         self._bare_exprs.add(id(value))
         if not isinstance(value, cst.Call):
             return
         q = self.qualify(value.func)
+        targets = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
+        unpack = node.targets[0].target if len(node.targets) == 1 else None
+        if (
+            id(value) in self._line_assigns
+            and isinstance(unpack, cst.Tuple | cst.List)
+            and len(unpack.elements) == 3
+            and all(
+                isinstance(e.value, cst.Name) and not isinstance(e, cst.StarredElement)
+                for e in unpack.elements
+            )
+        ):
+            third = unpack.elements[2].value
+            if isinstance(third, cst.Name):
+                self._unpacked_v[id(value)] = third.value
         if q is None:
             return
-        targets = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
         if q in ("torch.distributed.split_group", "torch.distributed.distributed_c10d.split_group"):
             self._scopes[-1].split_groups.update(targets)
+        elif q in _fixers_misc.PROFILERS:
+            self._scopes[-1].profilers.update(targets)
         elif q.startswith("torch.") and q.rsplit(".", 1)[-1] in _TENSOR_FACTORIES:
             self._scopes[-1].tensors.update(targets)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        item = node.item
+        if (
+            isinstance(item, cst.Call)
+            and node.asname is not None
+            and isinstance(node.asname.name, cst.Name)
+            and self.qualify(item.func) in _fixers_misc.PROFILERS
+        ):
+            self._scopes[-1].profilers.add(node.asname.name.value)
+
+    def is_profiler(self, node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.Name) and any(node.value in s.profilers for s in self._scopes)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if isinstance(node.target, cst.Name) and self._is_tensor_annotation(

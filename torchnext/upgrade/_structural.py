@@ -82,10 +82,24 @@ class StructuralRules(GuardTracking):
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
-    ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
-        if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
+    ) -> cst.SimpleStatementLine | cst.RemovalSentinel | cst.FlattenSentinel[cst.BaseStatement]:
+        first = original_node.body[0] if len(original_node.body) == 1 else None
+        if isinstance(first, cst.Assign) and id(first.value) in self._svd_fixed:
+            # torch.svd returned V; torch.linalg.svd returns Vh = V^H.
+            v = cst.Name(self._svd_fixed.pop(id(first.value)))
+            conj = cst.SimpleStatementLine(
+                body=[
+                    cst.Assign(
+                        targets=[cst.AssignTarget(target=v)],
+                        value=cst.Attribute(value=v, attr=cst.Name("mH")),
+                    )
+                ],
+                leading_lines=(),
+            )
+            return cst.FlattenSentinel([updated_node, conj])
+        if not isinstance(first, cst.Expr):
             return updated_node
-        call = original_node.body[0].value
+        call = first.value
         if not (
             isinstance(call, cst.Call)
             and isinstance(call.func, cst.Attribute)

@@ -382,8 +382,23 @@ def svd(site: Site) -> Diagnosis | None:
         a = _bind(site, ["input", "some", "compute_uv"])
     except Unbindable:
         return Diagnosis("TNU212", detail=_NOT_BOUND)
-    if site.wrapper in (("index", 1), ("attr", "S")) and "input" in a and "out" not in a:
+    if "input" not in a or "out" in a:
+        return Diagnosis("TNU212", detail=_NOT_BOUND if "input" not in a else "`out=` differs")
+    if site.wrapper in (("index", 1), ("attr", "S")):
         return _fixed(site, "TNU212", make_call(site.torch("linalg.svdvals"), [a["input"]]))
+    if site.wrapper is not None and site.wrapper[0] == "unpack" and "compute_uv" not in a:
+        # `U, S, V = torch.svd(A, some)`: the transformer adds `V = V.mH` after the statement.
+        some = a.get("some")
+        lit = bool_literal(some)
+        full = (
+            None
+            if some is None or lit is True
+            else (cst.Name("True") if lit is False else negate(some))
+        )
+        call = make_call(
+            site.torch("linalg.svd"), [a["input"]], [("full_matrices", full or cst.Name("False"))]
+        )
+        return _fixed(site, "TNU212", call)
     return Diagnosis(
         "TNU212",
         detail="use `U, S, Vh = torch.linalg.svd(A, full_matrices=not some)` and `V = Vh.mH`",

@@ -21,6 +21,7 @@ _ATTRIBUTE_SITES = {
     "TNU105": "compile_on_one_rank",
     "TNU109": "enable_faithful_generator_behavior",
     "TNU107": "register_generator_state",
+    "TNU003": "use_cuda",
 }
 
 
@@ -96,7 +97,7 @@ def may_have_sites(
         elif isinstance(node, ast.Attribute):
             if node.attr in attrs:
                 return True
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             if new_group and node.name == "new_group":
                 return True
             for deco in node.decorator_list:

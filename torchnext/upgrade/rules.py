@@ -115,8 +115,8 @@ RULES: tuple[Rule, ...] = (
         fix=FixClass.SAFE,
         what=(
             "Finds `use_cuda=` passed to `torch.autograd.profiler.profile` or "
-            "`torch.profiler.profile` (aliases resolved); user functions with a `use_cuda` "
-            "parameter are never matched."
+            "`torch.profiler.profile` (aliases resolved), and reads of `.use_cuda` on a "
+            "profiler object; user functions with a `use_cuda` parameter are never matched."
         ),
         why="torch 2.14 removed the keyword; passing it raises TypeError.",
         before="with torch.autograd.profiler.profile(use_cuda=on_gpu) as prof: ...",
@@ -512,11 +512,15 @@ RULES: tuple[Rule, ...] = (
         fix=FixClass.SAFE,
         what="Finds `torch.svd(A, some, compute_uv)` and the method form.",
         why="Deprecated; `linalg.svd` returns the conjugate transpose of the old V.",
-        before="S = torch.svd(A)[1]",
-        after="S = torch.linalg.svdvals(A)",
+        before="U, S, V = torch.svd(A)\nsigma = torch.svd(B)[1]",
+        after=(
+            "U, S, V = torch.linalg.svd(A, full_matrices=False)\nV = V.mH\n"
+            "sigma = torch.linalg.svdvals(B)"
+        ),
         fix_safety=(
-            "Safe for `[1]`/`.S` (singular values only). Other uses are reported: the third "
-            "result changes from V to Vh and must be transposed by hand."
+            "Safe for `[1]`/`.S` (`linalg.svdvals`) and for an unpacking `U, S, V = ...` alone "
+            "on its line (`full_matrices=not some`, then `V = V.mH`). `compute_uv=`, `out=` and "
+            "other uses of the tuple are reported: the third result changes from V to Vh."
         ),
     ),
     _r(

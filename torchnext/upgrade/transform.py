@@ -112,6 +112,10 @@ class UpgradeTransformer(StructuralRules):
         if q == "torch._dynamo.config.enable_faithful_generator_behavior":
             self._report(original_node, Diagnosis("TNU109", detail="the setting is ignored"))
             return updated_node
+        if original_node.attr.value == "use_cuda" and self.is_profiler(original_node.value):
+            detail = "the `.use_cuda` attribute is gone too (AttributeError); read `.use_device`"
+            self._report(original_node, Diagnosis("TNU003", detail=detail))
+            return updated_node
         return self._leave_wrapper(original_node, updated_node)
 
     def _leave_wrapper(
@@ -186,7 +190,12 @@ class UpgradeTransformer(StructuralRules):
             # Tuple-aware rules on a bare call (no [i] / .attr around it): report the tuple use.
             site, fixers = self._site_for(original_node, updated_node, tuple_aware=True)
             if site is not None:
+                v_name = self._unpacked_v.get(id(original_node))
+                if v_name is not None:
+                    site.wrapper = ("unpack", v_name)
                 replacement = self._run_fixers(
                     original_node, fixers, site, method=site.receiver is not None
                 )
+                if replacement is not None and v_name is not None and site.qname.endswith("svd"):
+                    self._svd_fixed[id(original_node)] = v_name
         return replacement if replacement is not None else updated_node
