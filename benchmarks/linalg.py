@@ -221,7 +221,8 @@ def main(argv: list[str]) -> int:
         "op", "variant", "family", "n", "batch", "dtype", "threads", "torchnext_ms", "torch_ms",
         "speedup", "spread", "orth_neps", "recon_neps", "torch_orth_neps", "torch_recon_neps",
     ]  # fmt: skip
-    report = Report(name="linalg", columns=columns)
+    # --quick writes its own file so that it never overwrites the full run's figures.
+    report = Report(name="linalg-quick" if args.quick else "linalg", columns=columns)
     before = torch.get_num_threads()
     start = time.perf_counter()
     try:

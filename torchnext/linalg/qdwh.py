@@ -76,8 +76,10 @@ def qdwh_polar(
     l0 = eps / 100 if l0 is None else l0
     tol_change = (5.0 * eps) ** (1.0 / 3.0)
     # ||A||_2 <= sqrt(||A||_1 ||A||_inf): a tight, cheap upper bound (JAX uses it too).
-    one = torch.linalg.matrix_norm(a_BMN, ord=1)
-    inf = torch.linalg.matrix_norm(a_BMN, ord=float("inf"))
+    # Explicit reductions: matrix_norm(ord=1 / inf) is ~10x slower on small batched matrices.
+    mag = a_BMN.abs()
+    one = mag.sum(-2).amax(-1)
+    inf = mag.sum(-1).amax(-1)
     alpha_B = torch.sqrt(one * inf).clamp_min(torch.finfo(real).tiny)
     x = a_BMN / alpha_B[:, None, None].to(a_BMN.dtype)
     schedule = qdwh_schedule(l0, 10 * eps)

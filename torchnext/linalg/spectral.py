@@ -63,6 +63,7 @@ def eigh(
     check_dtype(fn_name, A)
     if UPLO not in ("L", "U"):
         raise RuntimeError(f"Expected UPLO argument to be 'L' or 'U', but got {UPLO}")
+    _check_method(fn_name, method)
     if plain_torch_needed(A):
         route: Route = "lapack"
     else:
@@ -119,6 +120,7 @@ def svd(
     fn_name = "linalg.svd"
     check_matrix(fn_name, A)
     check_dtype(fn_name, A)
+    _check_method(fn_name, method)
     m, n = A.shape[-2], A.shape[-1]
     k = min(m, n)
     if plain_torch_needed(A):
@@ -166,6 +168,14 @@ def _svd_fn(route: Route, full_matrices: bool, driver: str | None) -> Fn:
 
         return lambda x: svd_jacobi(x)[:3]
     return lambda x: tuple(torch.linalg.svd(x, full_matrices=full_matrices, driver=driver))
+
+
+def _check_method(fn_name: str, method: str) -> None:
+    if method not in ("auto", "jacobi", "lapack"):
+        raise ValueError(
+            f"{fn_name}: method={method!r} is not one of 'auto', 'jacobi', 'lapack'; "
+            "pass 'auto' to let the dispatcher pick"
+        )
 
 
 def _batch(A: torch.Tensor) -> int:

@@ -46,10 +46,13 @@ class SqrthInfoResult(NamedTuple):
 
 
 def _hermitian_from_lower(A: torch.Tensor) -> torch.Tensor:
-    strict = A.tril(-1)
-    diag = torch.diagonal(A, dim1=-2, dim2=-1)
-    diag = diag.real.to(A.dtype) if A.is_complex() else diag
-    return strict + strict.mH + torch.diag_embed(diag)
+    # One select pass: lower triangle from A, strict upper from A^H.
+    n = A.shape[-1]
+    lower = torch.ones(n, n, dtype=torch.bool, device=A.device).tril()
+    herm = torch.where(lower, A, A.mH)
+    if A.is_complex():
+        herm.diagonal(dim1=-2, dim2=-1).imag.zero_()
+    return herm
 
 
 def _eigh_sqrt(a_BNN: torch.Tensor, check_pd: bool) -> torch.Tensor:
