@@ -10,7 +10,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 .PHONY: demo test lint typecheck unit conformance venv venv214 clean
 
 demo: $(VENV)/.stamp
-	$(VENV)/bin/torchnext doctor
+	$(VENV)/bin/torchnext demo
 
 test: $(VENV)/.dev-stamp $(VENV214)/.stamp
 	$(MAKE) lint typecheck unit conformance
@@ -18,11 +18,11 @@ test: $(VENV)/.dev-stamp $(VENV214)/.stamp
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) $(TORCH)
-	$(VENV)/bin/pip install $(PIP_FLAGS) -e .
+	$(VENV)/bin/pip install $(PIP_FLAGS) $(TORCH) -e '.[demo]'
 	touch $@
 
 $(VENV)/.dev-stamp: $(VENV)/.stamp pyproject.toml
-	$(VENV)/bin/pip install $(PIP_FLAGS) $(TORCH) -e '.[dev,upgrade,gpu]'
+	$(VENV)/bin/pip install $(PIP_FLAGS) $(TORCH) -e '.[dev,upgrade,gpu,demo]'
 	touch $@
 
 $(VENV214)/.stamp: pyproject.toml

@@ -1,20 +1,24 @@
 """Goodput of fault-tolerant training, and healing throughput over loopback.
 
-Three runs of the same 4-worker data-parallel job (MLP on synthetic data, real
-processes under the agent), one after the other in this process:
+Three ways to run the same 4-worker data-parallel job (MLP on synthetic data, real
+processes under the agent):
 
 * ``fault_free``: no faults.
 * ``heal_in_place``: SIGKILL of a random worker every ``--fault-every-s`` seconds; the
   survivors shrink and go on, the agent starts a replacement that heals from a peer.
-* ``restart_from_checkpoint``: same faults, but handled the classic way: the whole job
-  is stopped and restarted, every worker loads the latest on-disk checkpoint (saved
-  every ``--ckpt-every`` steps), and the steps since that checkpoint are lost.
+* ``restart_from_checkpoint``: same faults, handled the classic way: the whole job is
+  stopped and restarted, every worker loads the latest on-disk checkpoint (saved every
+  ``--ckpt-every`` steps), and the steps since that checkpoint are lost.
 
-Goodput = committed steps (that survive to the end) per second of wall time.
-Then the time to heal 10 MB, 100 MB and 1 GB of state from one process to another
-over loopback with :mod:`torchnext.distributed.healing`.
+Side by side: the three run in *interleaved windows* of ``--fault-every-s`` seconds
+(one fault in the middle of each faulty window), the order rotating every round, so
+load drift on a shared machine hits all three alike. Goodput = committed steps that
+survive to the end of a window per second, from the window's first committed step
+(process start-up is common to all modes and not compared).
+Then the time to heal 10 MB, 100 MB and 1 GB of state from one process to another over
+loopback with :mod:`torchnext.distributed.healing` (median of 3).
 
-Usage: ``torchnext bench ft-goodput [--quick] [--duration-s 90] [--fault-every-s 30]``.
+Usage: ``torchnext bench ft-goodput [--quick] [--rounds 3] [--fault-every-s 30]``.
 """
 
 from __future__ import annotations
@@ -144,29 +148,30 @@ def _wait_first_step(agent: Any, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def _run_mode(mode: str, args: argparse.Namespace, script: str, tmp: str) -> dict[str, Any]:
-    """One run; returns committed steps, wall time and faults injected."""
-    rng = random.Random(1)
-    ckpt_dir = str(Path(tmp) / f"ckpt-{mode}")
+def _run_window(
+    mode: str, args: argparse.Namespace, script: str, tmp: str, rnd: int
+) -> dict[str, Any]:
+    """One window of ``mode``; returns committed steps, wall time and faults injected."""
+    rng = random.Random(rnd)
+    ckpt_dir = str(Path(tmp) / f"ckpt-{mode}-{rnd}")
     Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
     extra = [f"--hidden={args.hidden}", f"--ckpt-every={args.ckpt_every}"]
     if mode == "restart_from_checkpoint":
         extra.append(f"--ckpt-dir={ckpt_dir}")
-    log_dir = str(Path(tmp) / f"logs-{mode}")
+    log_dir = str(Path(tmp) / f"logs-{mode}-{rnd}")
     agent = _agent(script, extra, args.nproc, log_dir)
     faults = 0
+    window = args.fault_every_s
     try:
-        # Goodput is measured from the first committed step: process start-up and the
-        # first rendezvous are the same in every mode and not what is compared.
         _wait_first_step(agent)
         t0 = time.monotonic()
         base = _latest(agent.store)
-        next_fault = t0 + args.fault_every_s if mode != "fault_free" else float("inf")
-        while time.monotonic() - t0 < args.duration_s:
+        next_fault = t0 + window / 2 if mode != "fault_free" else float("inf")
+        while time.monotonic() - t0 < window:
             agent.poll()
             if time.monotonic() >= next_fault:
                 faults += 1
-                next_fault += args.fault_every_s
+                next_fault += window
                 slot = rng.choice(sorted(agent.workers))
                 agent.signal_worker(slot, signal.SIGKILL)
                 if mode == "restart_from_checkpoint":
@@ -184,13 +189,7 @@ def _run_mode(mode: str, args: argparse.Namespace, script: str, tmp: str) -> dic
             time.sleep(0.05)
     finally:
         agent.close()
-    return {
-        "mode": mode,
-        "committed_steps": steps,
-        "wall_s": wall,
-        "faults": faults,
-        "goodput": steps / wall,
-    }
+    return {"mode": mode, "round": rnd, "committed_steps": steps, "wall_s": wall, "faults": faults}
 
 
 # ----------------------------------------------------------------------------- healing
@@ -249,10 +248,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--duration-s", type=float, default=90.0)
-    parser.add_argument("--fault-every-s", type=float, default=30.0)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument(
-        "--quick", action="store_true", help="45 s runs, a fault every 15 s, skip 1 GB heal"
+        "--fault-every-s", type=float, default=30.0, help="window length; one fault per window"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="2 rounds of 20 s windows, skip the 1 GB heal"
     )
     args = parser.parse_args(argv)
     if args.worker:
@@ -260,7 +261,7 @@ def main(argv: list[str]) -> int:
     if args.heal_server:
         return _heal_server(args.heal_server)
     if args.quick:
-        args.duration_s, args.fault_every_s = 45.0, 15.0
+        args.rounds, args.fault_every_s = 2, 20.0
 
     from torchnext.benchmarking import Report
 
@@ -269,21 +270,34 @@ def main(argv: list[str]) -> int:
         name="ft-goodput",
         columns=["case", "committed_steps", "wall_s", "faults", "steps_per_s", "ratio"],
     )
+    modes = ["fault_free", "heal_in_place", "restart_from_checkpoint"]
+    windows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="ft-goodput-") as tmp:
-        runs = {}
-        for m in ("fault_free", "heal_in_place", "restart_from_checkpoint"):
-            runs[m] = _run_mode(m, args, script, tmp)
-            print(f"ft-goodput: {runs[m]}", file=sys.stderr, flush=True)
-    free = runs["fault_free"]["goodput"]
-    for mode, r in runs.items():
+        for rnd in range(args.rounds):
+            order = modes[rnd % 3 :] + modes[: rnd % 3]
+            for m in order:
+                w = _run_window(m, args, script, tmp, rnd)
+                windows[m].append(w)
+                print(f"ft-goodput: {w}", file=sys.stderr, flush=True)
+
+    def pooled(m: str) -> float:
+        return sum(w["committed_steps"] for w in windows[m]) / sum(w["wall_s"] for w in windows[m])
+
+    free = pooled("fault_free")
+    for m in modes:
         report.add(
-            case=mode,
-            committed_steps=r["committed_steps"],
-            wall_s=r["wall_s"],
-            faults=r["faults"],
-            steps_per_s=r["goodput"],
-            ratio=r["goodput"] / free if free else float("nan"),
+            case=m,
+            committed_steps=sum(w["committed_steps"] for w in windows[m]),
+            wall_s=sum(w["wall_s"] for w in windows[m]),
+            faults=sum(w["faults"] for w in windows[m]),
+            steps_per_s=pooled(m),
+            ratio=pooled(m) / free if free else float("nan"),
         )
+    per_round = [
+        windows["heal_in_place"][r]["committed_steps"]
+        / max(1, windows["fault_free"][r]["committed_steps"])
+        for r in range(args.rounds)
+    ]
     heal = {}
     sizes = [("10MB", 10_000_000), ("100MB", 100_000_000)] + (
         [] if args.quick else [("1GB", 1_000_000_000)]
@@ -301,22 +315,20 @@ def main(argv: list[str]) -> int:
             steps_per_s="",
             ratio=f"{rate:.0f} MB/s",
         )
-    ratio = runs["heal_in_place"]["goodput"] / free if free else float("nan")
-    restart = runs["restart_from_checkpoint"]["goodput"]
+    restart = pooled("restart_from_checkpoint")
     report.summary = {
-        "goodput_ratio_with_faults": ratio,
-        "speedup_vs_restart": runs["heal_in_place"]["goodput"] / restart
-        if restart
-        else float("inf"),
+        "goodput_ratio_with_faults": pooled("heal_in_place") / free if free else float("nan"),
+        "goodput_ratio_per_round": per_round,
+        "speedup_vs_restart": pooled("heal_in_place") / restart if restart else float("inf"),
         "restart_goodput_ratio": restart / free if free else float("nan"),
         "heal_mb_per_s": heal,
         "fault_every_s": args.fault_every_s,
-        "duration_s": args.duration_s,
+        "rounds": args.rounds,
         "workers": args.nproc,
     }
     report.notes.append(
-        "runs are sequential in one process (fault_free, heal_in_place, restart_from_checkpoint); "
-        "goodput counts committed steps that survive to the end of the run"
+        "modes run in interleaved windows (order rotating per round), one fault mid-window; "
+        "goodput counts committed steps that survive to the end of each window"
     )
     report.write()
     print(

@@ -117,6 +117,7 @@ def _wait_key(store: Any, key: str, timeout_s: float) -> None:
 def _measure_kills(
     mod: Any, n: int, nbytes: int, kills: int, rng: random.Random
 ) -> list[tuple[float, float]]:
+    from torchnext.distributed.membership import Keys
     from torchnext.testing import MultiProcessHarness
 
     out: list[tuple[float, float]] = []
@@ -124,13 +125,22 @@ def _measure_kills(
         h.start(mod._member, nbytes, False)
         store = h.store
         alive = {f"w{r}": r for r in range(n)}
-        epoch = 0
+        latest_key = Keys("default").latest_epoch()
         for _ in range(kills):
-            # Steady state: every member of the current epoch completed an op in it.
+            # Steady state: the newest epoch has all n members and each completed an op
+            # in it (epoch numbers are read, not predicted: a failure during recovery
+            # adds epochs).
             deadline = time.monotonic() + 120
-            while int(store.add(f"bench/ready/{epoch}", 0)) < n:
+            while True:
+                epoch = int(store.add(latest_key, 0))
+                if int(store.add(f"bench/ready/{epoch}", 0)) >= n and len(alive) == n:
+                    break
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"epoch {epoch} never reached {n} ready members")
+                    store.set("bench/stop", "1")
+                    result = h.join(timedelta(seconds=10))
+                    raise TimeoutError(
+                        f"epoch {epoch} never reached {n} ready members:\n{result.describe()}"
+                    )
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.0, 0.05))
             victim = rng.choice(sorted(alive))
@@ -155,7 +165,6 @@ def _measure_kills(
             )
             rank = h.spawn(mod._member, nbytes, True)
             alive[f"w{rank}"] = rank
-            epoch += 2  # the shrink, then the grow that admits the replacement
         store.set("bench/stop", "1")
         h.join(timedelta(seconds=60))
     return out

@@ -31,7 +31,11 @@ def test_agent_replaces_killed_rank0_and_training_matches_reference(tmp_path: Pa
     ]
     events: list[AgentEvent] = []
     config = AgentConfig(
-        nproc=3, max_restarts=2, log_dir=str(tmp_path / "logs"), term_grace=timedelta(seconds=2)
+        nproc=3,
+        max_restarts=2,
+        log_dir=str(tmp_path / "logs"),
+        term_grace=timedelta(seconds=2),
+        extra_env={"TORCHNEXT_HEARTBEAT_TIMEOUT": "3"},  # no spurious evictions under load
     )
     with Agent(command, config, on_event=events.append) as agent:
         agent.start()

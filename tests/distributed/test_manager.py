@@ -158,7 +158,10 @@ def _run(
     cfg: dict[str, Any] = {"world": world, "steps": steps, "replaces": replace, "ballast": ballast}
     if joiner_width:
         cfg["joiner_width"] = joiner_width
-    with MultiProcessHarness(world, faults=faults) as h:
+    # A 3 s heartbeat timeout: on a loaded 2-core test machine, the 1 s default can
+    # suspect a live but descheduled member, which would make these tests flaky.
+    env = {"TORCHNEXT_HEARTBEAT_TIMEOUT": "3"}
+    with MultiProcessHarness(world, faults=faults, env=env) as h:
         h.start(_train, cfg)
         if replace or joiner_width:
             h.spawn(_train, cfg)
@@ -192,16 +195,6 @@ def test_kill_of_rank_zero_during_gradient_allreduce() -> None:
 
 
 @pytest.mark.slow
-def test_replacement_joins_and_heals_in_place() -> None:
-    result = _run(3, 30, [Fault(rank=1, at="step:4", kind="kill")], replace="w1")
-    assert result[1].outcome == "killed"
-    result.raise_if_failed([0, 2, 3])
-    values = [result[0].value, result[2].value, result[3].value]
-    _check(values, 30)
-    assert values[2]["healed"] == 1 and values[2]["world"] == 3
-
-
-@pytest.mark.slow
 def test_stopped_member_is_evicted_and_replaced() -> None:
     result = _run(3, 30, [Fault(rank=2, at="step:4", kind="stop")], replace="w2")
     assert result[2].outcome == "stopped"
@@ -225,6 +218,9 @@ def test_kill_during_healing(victim: str) -> None:
     survivors = [r for r in (0, 2, 3) if r != rank]
     result.raise_if_failed(survivors)
     _check([result[r].value for r in survivors], 24)
+    if victim == "healer":
+        # The joiner lost its healer mid-transfer, then healed from the other survivor.
+        assert result[3].value["healed"] == 1 and result[3].value["world"] == 2
 
 
 def test_joiner_with_a_different_model_is_refused_and_the_job_goes_on() -> None:

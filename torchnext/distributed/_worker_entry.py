@@ -12,12 +12,18 @@ directory with ``-m``).
 
 from __future__ import annotations
 
-import os
-import runpy
 import sys
-import traceback
 
-from torchnext._env import TORCHNEXT_ERROR_FILE
+# Run by path, Python put this file's folder first on sys.path; take it off before any
+# other import so no module of this package can shadow a top-level one.
+if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
+    del sys.path[0]
+
+import os  # noqa: E402
+import runpy  # noqa: E402
+import traceback  # noqa: E402
+
+from torchnext._env import TORCHNEXT_ERROR_FILE  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -28,7 +34,7 @@ def main(argv: list[str]) -> int:
     target = argv[1] if as_module else argv[0]
     rest = argv[2:] if as_module else argv[1:]
     sys.argv = [target, *rest]
-    sys.path[0] = "" if as_module else os.path.dirname(os.path.abspath(target))
+    sys.path.insert(0, "" if as_module else os.path.dirname(os.path.abspath(target)))
     try:
         if as_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)

@@ -143,7 +143,6 @@ class CollectivesMixin:
             err = self._on_op_failure(epoch, f"{op} could not be issued: {exc}", exc)
             _hooks.op_finished(tokens, "failed")
             raise err from exc
-        epoch.pending.add(work)
         handle = Work(
             epoch, work, op, tokens, op_timeout, cfg.wait_slice, self._on_op_failure, finish
         )

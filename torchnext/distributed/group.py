@@ -377,13 +377,17 @@ class FaultTolerantGroup(CollectivesMixin):
         self._retired.append(epoch)
 
     def _prune_retired(self) -> None:
-        # Runs on the monitor thread: a dropped gloo group's destructor joins its threads,
-        # which is instant once no op is blocked in it.
-        keep = []
+        # Runs on the monitor thread. A backend group is released only once no op is
+        # blocked in it (gloo ops end by their timeout), and on a throwaway thread: its
+        # destructor joins the backend's threads and must never stall the heartbeats.
+        keep: list[_Epoch] = []
+        drop: list[_Epoch] = []
         for epoch in self._retired:
-            if any(not w.is_completed() for w in list(epoch.pending)):
-                keep.append(epoch)
+            epoch.pending = {w for w in list(epoch.pending) if not w.is_completed()}
+            (keep if epoch.pending else drop).append(epoch)
         self._retired = keep
+        if drop:
+            threading.Thread(target=drop.clear, name="torchnext-ft-release", daemon=True).start()
 
     # ------------------------------------------------------------------ revoke
 

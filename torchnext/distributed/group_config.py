@@ -51,7 +51,7 @@ class GroupConfig:
     (``TORCHNEXT_HEARTBEAT_TIMEOUT``, 1 s)."""
     poll_interval: timedelta = timedelta(milliseconds=20)
     """How often each member checks the store for a revoke of its epoch."""
-    wait_slice: timedelta = timedelta(milliseconds=25)
+    wait_slice: timedelta = timedelta(milliseconds=50)
     """A blocked op re-checks for a revoke at least this often."""
     store_timeout: timedelta = field(default_factory=_store_timeout)
     """Bound on creating the group and on each store wait (``TORCHNEXT_STORE_TIMEOUT``)."""

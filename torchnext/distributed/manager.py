@@ -54,6 +54,7 @@ import torch
 
 from torchnext.distributed.bucketing import GradBucketer
 from torchnext.distributed.commit import CommitVote, Decision
+from torchnext.distributed.group import FaultTolerantGroup
 from torchnext.distributed.healing import (
     StateServer,
     TransferStats,
@@ -167,7 +168,7 @@ class Manager:
 
     def __init__(
         self,
-        group: Any,
+        group: FaultTolerantGroup,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         sampler: ElasticSampler,
@@ -220,7 +221,6 @@ class Manager:
         running group and heals at its first step; initial members create the group.
         """
         from torchnext._env import TORCHNEXT_JOIN, TORCHNEXT_MEMBER_ID, TORCHNEXT_STORE_ADDR
-        from torchnext.distributed import FaultTolerantGroup
         from torchnext.distributed.launcher import connect_store
 
         if TORCHNEXT_JOIN.get():

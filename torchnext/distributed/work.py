@@ -67,6 +67,7 @@ class Work:
     ) -> None:
         self._epoch = epoch
         self._work = work
+        epoch.pending.add(work)
         self._op = op
         self._tokens = tokens
         self._timeout = timeout
@@ -89,6 +90,7 @@ class Work:
         user_deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         epoch = self._epoch
         work = self._work
+        completed_seen = False
         while True:
             revoked = epoch.revoked
             if revoked is not None:
@@ -98,6 +100,11 @@ class Work:
                 work.wait(self._slice)
             except RuntimeError as exc:
                 if work.is_completed():
+                    if not completed_seen:
+                        # The op may have finished just as the slice ran out: wait once
+                        # more (it returns at once) to tell success from failure.
+                        completed_seen = True
+                        continue
                     err = self._on_failure(epoch, f"{self._op} failed: {exc}", exc)
                     self._end("failed", err)
                     raise err from exc
@@ -167,7 +174,10 @@ class Work:
             return
         self._state = state
         self._error = error
-        self._epoch.pending.discard(self._work)
+        if self._work.is_completed():
+            # A revoked or timed-out op may still run in the backend: it stays tracked
+            # until it ends, so its group is not released under it.
+            self._epoch.pending.discard(self._work)
         _hooks.op_finished(self._tokens, state)
 
     def __repr__(self) -> str:

@@ -62,7 +62,8 @@ class RankResult:
     ``"raised"`` (``error_type``, ``message``, ``traceback``; ``error`` is the exception
     object when it could be pickled), ``"killed"`` (ended by SIGKILL), ``"stopped"``
     (SIGSTOPped by a fault and never resumed), ``"exited"`` (ended without a result:
-    ``exitcode``), ``"timed_out"`` (still running at the deadline; ``traceback`` holds
+    ``exitcode``; after a crash such as SIGSEGV, ``traceback`` holds the Python stacks
+    at the crash), ``"timed_out"`` (still running at the deadline; ``traceback`` holds
     its threads' stacks when they could be dumped).
     """
 
