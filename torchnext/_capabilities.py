@@ -150,9 +150,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(
         name="control_flow.while_loop_cuda_graph",
         summary="`while_loop` captured in CUDA graphs",
-        usage="`torchnext.control_flow.while_loop`",
+        usage="`torchnext.control_flow.capture_while_loop`",
         native=lambda: _clamp_214_native() and torch.cuda.is_available(),
-        provider="torchnext.control_flow:while_loop",
+        provider="torchnext.control_flow:capture_while_loop",
         needs="CUDA",
         requirement=torch.cuda.is_available,
     ),

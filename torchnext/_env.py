@@ -97,9 +97,13 @@ TORCHNEXT_HEARTBEAT_INTERVAL = _var(
 )
 TORCHNEXT_HEARTBEAT_TIMEOUT = _var(
     "TORCHNEXT_HEARTBEAT_TIMEOUT",
-    timedelta(seconds=1),
+    # 3 s, not 1 s: on an oversubscribed host a live but descheduled member can miss a
+    # 1 s window and be evicted. This bounds only hang (SIGSTOP) detection; crashes are
+    # seen through the transport and /proc at once.
+    timedelta(seconds=3),
     _parse_seconds,
-    "A peer whose heartbeat is older than this many seconds is suspected failed.",
+    "A peer whose heartbeat has not advanced for this many seconds is suspected failed "
+    "(hang detection; crashed peers are detected sooner).",
 )
 TORCHNEXT_STORE_TIMEOUT = _var(
     "TORCHNEXT_STORE_TIMEOUT",

@@ -52,3 +52,32 @@ __all__ = [
 # Other areas (flight recorder, RMA windows, training manager): add imports below
 # and extend __all__ here.
 # ---------------------------------------------------------------------------
+from torchnext.distributed import flight_recorder  # noqa: E402 - honours TORCHNEXT_FR_ENABLE
+from torchnext.distributed.flight_recorder import (  # noqa: E402
+    FlightRecorder,
+    FlightRecorderConfig,
+)
+from torchnext.distributed.launcher import Agent, AgentConfig  # noqa: E402
+from torchnext.distributed.manager import Manager, ManagerConfig, StepResult  # noqa: E402
+from torchnext.distributed.rma import RmaWork, StoreGroup, Window, WindowConfig  # noqa: E402
+from torchnext.distributed.sampler import ElasticSampler, SamplerConfig  # noqa: E402
+
+__all__ += [
+    # flight recorder
+    "FlightRecorder",
+    "FlightRecorderConfig",
+    "flight_recorder",
+    # RMA windows
+    "RmaWork",
+    "StoreGroup",
+    "Window",
+    "WindowConfig",
+    # training
+    "Agent",
+    "AgentConfig",
+    "ElasticSampler",
+    "Manager",
+    "ManagerConfig",
+    "SamplerConfig",
+    "StepResult",
+]

@@ -48,7 +48,7 @@ class GroupConfig:
     """How often a member writes its heartbeat to the store (``TORCHNEXT_HEARTBEAT_INTERVAL``)."""
     heartbeat_timeout: timedelta = field(default_factory=_heartbeat_timeout)
     """A member whose heartbeat has not advanced for this long is suspected failed
-    (``TORCHNEXT_HEARTBEAT_TIMEOUT``, 1 s)."""
+    (``TORCHNEXT_HEARTBEAT_TIMEOUT``, 3 s)."""
     poll_interval: timedelta = timedelta(milliseconds=20)
     """How often each member checks the store for a revoke of its epoch."""
     wait_slice: timedelta = timedelta(milliseconds=50)
