@@ -218,6 +218,7 @@ def main(argv: list[str]) -> int:
             "t3_p99_s",
             "restart_p50_s",
             "speedup",
+            "speedup_tail",
         ],
     )
     worst = {
@@ -225,6 +226,7 @@ def main(argv: list[str]) -> int:
         "t3_p99_s": 0.0,
         "restart_p50_s": float("inf"),
         "speedup_vs_restart": float("inf"),
+        "speedup_vs_restart_tail": float("inf"),
     }
     for n in world_sizes:
         for size in sizes:
@@ -243,18 +245,25 @@ def main(argv: list[str]) -> int:
                 "t3_p99_s": percentile(t3s, 99),
                 "restart_p50_s": percentile(restart, 50),
             }
-            row["speedup"] = row["restart_p50_s"] / row["t3_p99_s"]
+            # Like for like: a typical restart against a typical in-place recovery. The
+            # tail ratio (restart p50 / t3 p99) is reported beside it.
+            row["speedup"] = row["restart_p50_s"] / row["t3_p50_s"]
+            row["speedup_tail"] = row["restart_p50_s"] / row["t3_p99_s"]
             report.add(**row)
             worst["t1_p99_s"] = max(worst["t1_p99_s"], row["t1_p99_s"])
             worst["t3_p99_s"] = max(worst["t3_p99_s"], row["t3_p99_s"])
             worst["restart_p50_s"] = min(worst["restart_p50_s"], row["restart_p50_s"])
             worst["speedup_vs_restart"] = min(worst["speedup_vs_restart"], row["speedup"])
+            worst["speedup_vs_restart_tail"] = min(
+                worst["speedup_vs_restart_tail"], row["speedup_tail"]
+            )
     report.summary.update({k: round(v, 4) for k, v in worst.items()})
     report.summary["plain_gloo_bound_s"] = GLOO_DEFAULT_TIMEOUT_S
     report.notes.append(
-        "t1/t3: max over survivors, from the SIGKILL; speedup = restart p50 / torchnext t3 p99 "
-        "(per row; the summary keeps the worst row); restart_p50_s in the summary is the "
-        "fastest row's (the least favourable to torchnext)"
+        "t1/t3: max over survivors, from the SIGKILL; speedup = restart p50 / torchnext t3 p50, "
+        "speedup_tail = restart p50 / torchnext t3 p99 (per row; the summary keeps the worst "
+        "row of each); restart_p50_s in the summary is the fastest row's (the least favourable "
+        "to torchnext)"
     )
     report.notes.append(
         "plain gloo: survivors not adjacent to the dead rank wait for the collective timeout "

@@ -215,3 +215,63 @@ def test_kill_during_agreement_and_reconfiguration() -> None:
         assert result[r].value["members"] == ["w0", "w2"]
         assert result[r].value["sum"] == 2.0
     assert result[3].outcome == "killed"
+
+
+def _epochs_reuse_store_connection(ctx: WorkerContext) -> dict:
+    from torchnext.distributed import backend
+
+    opened = []
+    real_clone = backend.clone_store
+
+    def counting_clone(store, timeout):  # type: ignore[no-untyped-def]
+        opened.append(1)
+        return real_clone(store, timeout)
+
+    backend.clone_store = counting_clone
+    g = FaultTolerantGroup.from_env(config=FAST)
+    x = torch.ones(4)
+    for _ in range(4):
+        g.all_reduce(x)
+        g.revoke("test: move to a new epoch")
+        g.agree(timeout=T30)
+        g.shrink()
+    g.all_reduce(x)
+    return {"epoch": g.epoch, "opened": len(opened)}
+
+
+def test_new_epochs_open_no_new_store_connection() -> None:
+    # Opening a store connection does a reverse DNS lookup on both ends (a lost packet
+    # costs the resolver's 5 s retry): recovery must reuse the one it opened first.
+    result = run_workers(_epochs_reuse_store_connection, world_size=3, timeout=T30)
+    for r in result:
+        assert r.outcome == "returned", result.describe()
+        assert r.value["epoch"] == 4
+        assert r.value["opened"] == 1, r.value
+
+
+class _FakeStore:
+    def __init__(self) -> None:
+        self.clones = 0
+
+    def clone(self) -> _FakeStore:
+        self.clones += 1
+        return _FakeStore()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        pass
+
+
+def test_build_connection_is_reused_unless_a_build_kept_it() -> None:
+    from torchnext.distributed.backend import BuildConnection
+
+    store = _FakeStore()
+    conns = BuildConnection(store, T30)
+    first = conns.take()
+    conns.give_back(first)
+    assert conns.take() is first and store.clones == 1
+    # ``first`` is now held by a build that was abandoned: the next build opens its own.
+    second = conns.take()
+    assert second is not first and store.clones == 2
+    conns.give_back(second)
+    conns.give_back(first)  # the abandoned build ended later: the idle one stays
+    assert conns.take() is second

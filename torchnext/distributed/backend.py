@@ -3,8 +3,13 @@
 Default: every epoch gets a brand-new backend group (gloo or NCCL) over a fresh store
 namespace, built on a helper thread so the wait is bounded and a revoke interrupts
 it (gloo's rendezvous cannot be cancelled; an abandoned build ends by its own
-timeout). Each build uses its own store connection, so gloo's blocking rendezvous
-never delays the monitor's revoke polling on a shared client.
+timeout). Builds use their own store connection (:class:`BuildConnection`), so gloo's
+blocking rendezvous never delays the monitor's revoke polling on a shared client. That
+connection is opened once and reused by every later build, not opened per epoch:
+opening a TCPStore connection costs a reverse DNS lookup of the peer address on both
+ends, and one lost DNS packet costs the resolver's retry timeout (5 s by default) -- on
+the recovering member, and on the store host for every client. Only a build abandoned
+while its rendezvous may still use the connection makes the next build open a new one.
 
 With ``GroupConfig.native_reconfigure`` (torch >= 2.14, gloo), one group created with
 ``enable_reconfigure=True`` is moved between epochs by ``reconfigure``: handles are
@@ -27,7 +32,7 @@ from torchnext.errors import CommTimeoutError, StoreUnreachableError
 if TYPE_CHECKING:
     from torchnext.distributed.group import FaultTolerantGroup, _Epoch
 
-__all__ = ["build_backend", "clone_store", "connect_store"]
+__all__ = ["BuildConnection", "build_backend", "clone_store", "connect_store"]
 
 
 def connect_store(addr: str, timeout: timedelta) -> dist.TCPStore:
@@ -57,6 +62,31 @@ def clone_store(store: Any, timeout: timedelta) -> Any:
         return store
 
 
+class BuildConnection:
+    """The store connection that epoch builds use, handed from one build to the next.
+
+    A build :meth:`take`s it (opening one if none is ready) and :meth:`give_back`s it
+    once its rendezvous is over. A build that is abandoned keeps it, since gloo may
+    still be blocked on it, so the next build opens a fresh one. Thread-safe.
+    """
+
+    def __init__(self, store: Any, timeout: timedelta) -> None:
+        self._store = store
+        self._timeout = timeout
+        self._idle: Any = None
+        self._lock = threading.Lock()
+
+    def take(self) -> Any:
+        with self._lock:
+            conn, self._idle = self._idle, None
+        return conn if conn is not None else clone_store(self._store, self._timeout)
+
+    def give_back(self, conn: Any) -> None:
+        with self._lock:
+            if self._idle is None:
+                self._idle = conn
+
+
 def build_backend(group: FaultTolerantGroup, epoch: _Epoch, prefix: str) -> Any:
     """Create the epoch's backend group on a helper thread, bounded and revocable."""
     if group.config.native_reconfigure and not epoch.sub:
@@ -67,13 +97,17 @@ def build_backend(group: FaultTolerantGroup, epoch: _Epoch, prefix: str) -> Any:
 
     def build() -> None:
         try:
-            store = dist.PrefixStore(prefix, clone_store(group.store, group.config.store_timeout))
+            conn = group._build_connection.take()
+            store = dist.PrefixStore(prefix, conn)
             if group.backend == "gloo":
                 box["pg"] = dist.ProcessGroupGloo(store, epoch.rank, epoch.size, timeout)
             else:
                 opts = dist.ProcessGroupNCCL.Options()
                 opts._timeout = timeout
                 box["pg"] = dist.ProcessGroupNCCL(store, epoch.rank, epoch.size, opts)
+            # The rendezvous is over: the next build may use this connection (even if
+            # this epoch was revoked meanwhile). Not after an error: its state is unknown.
+            group._build_connection.give_back(conn)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             box["error"] = exc
         finally:

@@ -56,7 +56,12 @@ import torch
 import torch.distributed as dist
 
 from torchnext import _env
-from torchnext.distributed.backend import build_backend, clone_store, connect_store
+from torchnext.distributed.backend import (
+    BuildConnection,
+    build_backend,
+    clone_store,
+    connect_store,
+)
 from torchnext.distributed.collectives import CollectivesMixin
 from torchnext.distributed.group_config import GroupConfig
 from torchnext.distributed.heartbeat import Monitor, Watch
@@ -201,8 +206,10 @@ class FaultTolerantGroup(CollectivesMixin):
                 clone_store(store, self.config.store_timeout), self._keys, member_id, self.config
             )
             self._monitor.add_housekeeping(self._prune_retired)
+            self._build_connection = BuildConnection(store, self.config.store_timeout)
         else:
             self._monitor = parent._monitor
+            self._build_connection = parent._build_connection
         _LIVE_GROUPS.add(self)
 
     def _publish_self(self) -> None:
