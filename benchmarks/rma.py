@@ -157,9 +157,9 @@ def main(argv: list[str]) -> int:
 
     sizes = QUICK_SIZES if args.quick else SIZES
     reps = 5 if args.quick else 11
-    store = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
-    )
+    from torchnext.distributed.launcher import host_store
+
+    store = host_store("127.0.0.1", 0, timedelta(seconds=60))
     with tempfile.TemporaryDirectory(prefix="torchnext-rma-bench-") as tmp:
         out_path = os.path.join(tmp, "rows.json")
         cmd = [

@@ -17,6 +17,7 @@ from torchnext.distributed.launcher import (
     AgentConfig,
     AgentEvent,
     connect_store,
+    host_store,
 )
 from torchnext.errors import StoreUnreachableError
 
@@ -143,6 +144,28 @@ def test_store_port_in_use_is_reported(tmp_path: Path, capsys: pytest.CaptureFix
         assert run_cli.main(args) == 2
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port}" in err and "already in use" in err and "--store-port" in err
+
+
+def _listening_families(port: int) -> set[str]:
+    found = set()
+    for family, table in (("ipv4", "/proc/net/tcp"), ("ipv6", "/proc/net/tcp6")):
+        with open(table) as fh:
+            for line in fh.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    found.add(family)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc/net")
+def test_store_listens_ipv4_only_so_peers_resolve_without_dns() -> None:
+    # A dual-stack listener sees clients as ::ffff:127.0.0.1, whose reverse lookup on
+    # the store's event loop goes to DNS; an IPv4 listener sees 127.0.0.1 (/etc/hosts).
+    store = host_store("127.0.0.1", 0, timedelta(seconds=5))
+    assert _listening_families(store.port) == {"ipv4"}
+    client = connect_store(f"127.0.0.1:{store.port}", timedelta(seconds=5))
+    client.set("k", "v")
+    assert store.get("k") == b"v"
 
 
 def test_unreachable_store_is_named() -> None:

@@ -26,8 +26,10 @@ leaves a process behind: :meth:`Agent.shutdown` terminates, then kills, every wo
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -171,12 +173,34 @@ class _Worker:
 
 
 def host_store(host: str, port: int, timeout: timedelta) -> Any:
-    """A ``TCPStore`` server on ``host:port``; a port in use raises with the fix."""
+    """A ``TCPStore`` server on ``host:port``; a port in use raises with the fix.
+
+    For an IPv4 address the listening socket is made here, IPv4-only, and handed to the
+    store: torch's own listener is dual-stack, so every client appears as a v4-mapped
+    IPv6 address, which ``/etc/hosts`` does not list, and the server's per-connection
+    reverse lookup of it goes to DNS on the store's event loop. One lost DNS packet then
+    stalls every client's store traffic for the resolver's retry timeout (5 s).
+    """
     import torch.distributed as dist
 
+    listen_fd: int | None = None
     try:
-        return dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout)
+        listen_fd = _ipv4_listener(host, port)
+        if listen_fd is None:
+            return dist.TCPStore(
+                host, port, is_master=True, wait_for_workers=False, timeout=timeout
+            )
+        return dist.TCPStore(
+            host,
+            port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timeout,
+            master_listen_fd=listen_fd,
+        )
     except (RuntimeError, OSError) as exc:
+        if listen_fd is not None:
+            os.close(listen_fd)
         text = str(exc)
         if "EADDRINUSE" in text or "in use" in text:
             raise StoreUnreachableError(
@@ -184,6 +208,29 @@ def host_store(host: str, port: int, timeout: timedelta) -> Any:
                 "Pass another --store-port (0 picks a free one), or stop the process using it."
             ) from None
         raise StoreUnreachableError(f"cannot host the store on {host}:{port}: {text}") from None
+
+
+def _ipv4_listener(host: str, port: int) -> int | None:
+    """A listening IPv4 socket's fd, owned by the caller; None if ``host`` is not IPv4."""
+    addr = "127.0.0.1" if host == "localhost" else host
+    try:
+        socket.inet_aton(addr)
+    except OSError:
+        return None
+    if addr.count(".") != 3:  # inet_aton also accepts shorthands like "127.1"
+        return None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(exc.errno, f"EADDRINUSE: {exc.strerror}") from None
+        raise
+    # The store owns the descriptor from here on; the Python object must not close it.
+    return sock.detach()
 
 
 def connect_store(addr: str, timeout: timedelta) -> Any:

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
+from torchnext.distributed.launcher import host_store
 from torchnext.errors import WorkerFailedError
 from torchnext.testing._worker import _WorkerSpec, worker_main
 from torchnext.testing.faults import Fault
@@ -198,9 +199,7 @@ class MultiProcessHarness:
         self._tmp = tempfile.TemporaryDirectory(prefix="torchnext-harness-")
         self._started_at = time.monotonic()
         self._closed = False
-        self.store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=store_timeout
-        )
+        self.store = host_store("127.0.0.1", 0, store_timeout)
         """The harness's TCPStore (master), hosted in this process."""
 
     # ------------------------------------------------------------------ properties
