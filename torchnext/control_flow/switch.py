@@ -93,25 +93,59 @@ def _call_branch(
     return _box(branch(*pytree.tree_unflatten(list(flat), spec)), box_ints)
 
 
+def _mids(lo: int, hi: int) -> list[int]:
+    """The tree's split points in preorder: node ``(lo, hi)`` splits at ``(lo + hi) // 2``."""
+    if hi - lo == 1:
+        return []
+    mid = (lo + hi) // 2
+    return [mid, *_mids(lo, mid), *_mids(mid, hi)]
+
+
 def _subtree(
-    index: Any, lo: int, hi: int, branches: tuple[Callable[..., Any], ...], *flat: Any
+    lo: int, hi: int, node: int, branches: tuple[Callable[..., Any], ...], preds: Any, *flat: Any
 ) -> Any:
-    """Branches ``lo..hi-1`` as nested conds; ``index`` is compared, never clamped."""
+    """Branches ``lo..hi-1`` as nested conds; node ``node`` (preorder) tests ``preds[node]``.
+
+    ``preds`` holds every node's ``index < mid``: one comparison for the whole tree, and
+    each level only reads an element, so compiled dispatch costs a view and a host-side
+    test per level, not a kernel launch and an allocation.
+    """
     if hi - lo == 1:
         return branches[lo](*flat)
     mid = (lo + hi) // 2
     # partial objects, not fresh closures: Dynamo guards on the wrapped function, so the
-    # eager path's compile cache is reused across calls with the same branches.
+    # eager path's compile cache is reused across calls with the same branches. The
+    # left child is node + 1 in preorder; the right one follows the left's mid-lo-1 nodes.
+    return torch.cond(
+        preds[node],
+        functools.partial(_subtree, lo, mid, node + 1, branches),
+        functools.partial(_subtree, mid, hi, node + mid - lo, branches),
+        (preds, *flat),
+    )
+
+
+def _symtree(
+    index: Any, lo: int, hi: int, branches: tuple[Callable[..., Any], ...], *flat: Any
+) -> Any:
+    """The same tree for a ``SymInt`` index: each test is a host-side ``SymBool``."""
+    if hi - lo == 1:
+        return branches[lo](*flat)
+    mid = (lo + hi) // 2
     return torch.cond(
         index < mid,
-        functools.partial(_subtree, index, lo, mid, branches),
-        functools.partial(_subtree, index, mid, hi, branches),
+        functools.partial(_symtree, index, lo, mid, branches),
+        functools.partial(_symtree, index, mid, hi, branches),
         tuple(flat),
     )
 
 
 def _run_tree(index: Any, branches: tuple[Callable[..., Any], ...], flat: list[Any]) -> Any:
-    return _subtree(index, 0, len(branches), branches, *flat)
+    n = len(branches)
+    if not isinstance(index, torch.Tensor):
+        return _symtree(index, 0, n, branches, *flat)
+    # Comparisons against integer split points clamp implicitly and truncate floats.
+    mids = torch.tensor(_mids(0, n), device=index.device)
+    return _subtree(0, n, 0, branches, index.reshape(()) < mids, *flat)
 
 
 def _validate(index: object, branches: object, leaves: list[Any]) -> None:

@@ -198,6 +198,7 @@ class FaultTolerantGroup(CollectivesMixin):
             if backend == "gloo"
             else torch.device("cuda", torch.cuda.current_device())
         )
+        self._on_cpu = self._device.type == "cpu"
         if parent is None:
             self._publish_self()
             # Own connections: gloo's rendezvous blocks its store client while it waits
