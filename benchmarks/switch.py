@@ -102,11 +102,14 @@ def _measure(native: bool, ks: list[int], reps: int) -> dict[str, dict[int, dict
             start = time.perf_counter()
             call(index, x)  # eager first call: traces once (2.14 semantics)
             rec["eager_first_s"] = time.perf_counter() - start
-            torch._dynamo.reset()
-            fn = torch.compile(call, fullgraph=True)
-            start = time.perf_counter()
-            result = fn(index, x)
-            rec["compile_s"] = time.perf_counter() - start
+            # The faster of two cold compiles: a single one is at the mercy of other load.
+            rec["compile_s"] = float("inf")
+            for _ in range(2):
+                torch._dynamo.reset()
+                fn = torch.compile(call, fullgraph=True)
+                start = time.perf_counter()
+                result = fn(index, x)
+                rec["compile_s"] = min(rec["compile_s"], time.perf_counter() - start)
             torch.testing.assert_close(result, branches[k // 2](x))
             compiled[name] = lambda fn=fn, index=index: fn(index, x)
             eager[name] = lambda call=call, index=index: call(index, x)

@@ -231,3 +231,18 @@ def test_inductor_matches_eager() -> None:
     x = torch.randn(8)
     for i in (-1, 1, 5):
         torch.testing.assert_close(f(torch.tensor(i), x), BRANCHES[max(0, min(i, 2))](x))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Inductor's own imports warn
+def test_inductor_shared_comparison_path_picks_every_branch() -> None:
+    # K > 4 takes the shared `index < arange(K)` vector; every leaf, both clamps and a
+    # truncated float index must land where eager puts them.
+    branches = [lambda x, k=k: x * (k + 1) + k for k in range(7)]
+    torch._dynamo.reset()
+    f = torch.compile(lambda i, x: switch(i, branches, (x,)), fullgraph=True)
+    x = torch.randn(8)
+    for i in (-3, 0, 1, 2, 3, 4, 5, 6, 40):
+        torch.testing.assert_close(f(torch.tensor(i), x), branches[max(0, min(i, 6))](x))
+    g = torch.compile(lambda i, x: switch(i, branches, (x,)), fullgraph=True)
+    torch.testing.assert_close(g(torch.tensor(4.9), x), branches[4](x))
