@@ -12,18 +12,15 @@ truncate float indices as 2.14 does, so no ``clamp`` node is needed. Consequence
 
 * ``torch.compile(fullgraph=True)`` captures one graph holding every branch, with no
   graph break, for a tensor or SymInt index; Inductor runs ``ceil(log2 K)`` host-side
-  ``if`` tests, not K. For a tensor index and K > 4 every split point is compared in
-  one op (``below = index < arange(K)``) and each level only reads ``below[mid]``, so
-  a level costs a view and a host-side test, not a kernel launch: at K = 16 compiled
-  dispatch is within the noise of K = 2 (``torchnext bench switch``).
+  ``if`` tests, not K.
 * ``torch.export`` keeps every branch, and, unlike 2.14's native HOP, the exported
   program saves and loads with ``torch.export.save``/``load`` (``cond`` serialises).
 * ``make_fx``, autograd through the taken branch and ``vmap`` (``cond`` has a batching
   rule) work wherever ``cond`` does.
 
-What not to assume: compiled dispatch is O(log K) nested Inductor subgraph calls,
-not one host-side jump like 2.14's native HOP, and AOT tracing revisits a subtree at
-each of its ancestors (kernel compilation, which dominates, is linear in K). The
+What not to assume: compiled dispatch is O(log K), not O(1) like 2.14's native HOP:
+each tree level is a nested Inductor subgraph call (about 2 us on a CPU host), and
+AOT compile time grows about K log K because each level retraces its subtree. The
 graph holds ``higher_order.cond`` nodes, not a
 ``higher_order.switch`` node, so passes that pattern-match the native HOP will not see
 one; in eager mode a tensor index is traced once per distinct set of branch functions
@@ -97,55 +94,24 @@ def _call_branch(
 
 
 def _subtree(
-    below: Any, lo: int, hi: int, branches: tuple[Callable[..., Any], ...], *flat: Any
+    index: Any, lo: int, hi: int, branches: tuple[Callable[..., Any], ...], *flat: Any
 ) -> Any:
-    """Branches ``lo..hi-1`` as nested conds; the node splitting at ``mid`` tests ``below[mid]``.
-
-    ``below[m]`` is ``index < m`` for every ``m < K``: one comparison for the whole tree,
-    and each level only reads an element, so compiled dispatch costs a view and a
-    host-side test per level, not a kernel launch and an allocation.
-    """
+    """Branches ``lo..hi-1`` as nested conds; ``index`` is compared, never clamped."""
     if hi - lo == 1:
         return branches[lo](*flat)
     mid = (lo + hi) // 2
     # partial objects, not fresh closures: Dynamo guards on the wrapped function, so the
     # eager path's compile cache is reused across calls with the same branches.
     return torch.cond(
-        below[mid],
-        functools.partial(_subtree, below, lo, mid, branches),
-        functools.partial(_subtree, below, mid, hi, branches),
-        tuple(flat),
-    )
-
-
-_DIRECT_MAX_K = 4
-"""Up to this many branches (two levels) each node compares the index itself: the
-shared comparison vector only pays off from three levels on, and costs graph nodes."""
-
-
-def _symtree(
-    index: Any, lo: int, hi: int, branches: tuple[Callable[..., Any], ...], *flat: Any
-) -> Any:
-    """The same tree testing ``index < mid`` at each node (a host-side ``SymBool`` for a
-    ``SymInt`` index)."""
-    if hi - lo == 1:
-        return branches[lo](*flat)
-    mid = (lo + hi) // 2
-    return torch.cond(
         index < mid,
-        functools.partial(_symtree, index, lo, mid, branches),
-        functools.partial(_symtree, index, mid, hi, branches),
+        functools.partial(_subtree, index, lo, mid, branches),
+        functools.partial(_subtree, index, mid, hi, branches),
         tuple(flat),
     )
 
 
 def _run_tree(index: Any, branches: tuple[Callable[..., Any], ...], flat: list[Any]) -> Any:
-    n = len(branches)
-    if not isinstance(index, torch.Tensor) or n <= _DIRECT_MAX_K:
-        return _symtree(index, 0, n, branches, *flat)
-    # Comparisons against integer split points clamp implicitly and truncate floats.
-    below = index.reshape(()) < torch.arange(n, device=index.device)
-    return _subtree(below, 0, n, branches, *flat)
+    return _subtree(index, 0, len(branches), branches, *flat)
 
 
 def _validate(index: object, branches: object, leaves: list[Any]) -> None:
