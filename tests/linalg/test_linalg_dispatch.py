@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from linalg_gates import GATE_ORTH, GATE_RECON, hermitian_families, orth_neps, recon_neps
@@ -59,6 +61,29 @@ def test_batch_split_equals_serial(monkeypatch: pytest.MonkeyPatch) -> None:
     L, V = tl.eigh(H)  # lapack route, split over 3 threads
     torch.testing.assert_close(L, serial.eigenvalues)
     assert recon_neps(H, (V * L[..., None, :]) @ V.mT, torch.float64) <= GATE_RECON
+
+
+def test_only_lapack_batches_are_split_over_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The unrolled route is Python-dispatch bound: split over threads it only contends
+    # for the GIL (slower than one thread), so it must run as one chunk.
+    import torchnext.linalg.spectral as spectral
+
+    seen: list[int] = []
+    real = spectral.run_batch_split
+
+    def spy(fn: Any, inputs: Any, *, chunks: int) -> Any:
+        seen.append(chunks)
+        return real(fn, inputs, chunks=chunks)
+
+    monkeypatch.setattr(spectral, "run_batch_split", spy)
+    monkeypatch.setenv("TORCHNEXT_LINALG_THREADS", "2")
+    A = torch.randn(4096, 4, 4)
+    tl.eigh(A + A.mT)  # unrolled route
+    assert seen == [1]
+    seen.clear()
+    B = torch.randn(4096, 12, 12, dtype=torch.float64)
+    tl.eigh(B + B.mT)  # lapack route
+    assert seen == [2]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])

@@ -18,7 +18,7 @@ import torch
 
 from torchnext.linalg._checks import check_dtype, check_matrix
 from torchnext.linalg._out import QRResult, torch_result, write_out
-from torchnext.linalg.dispatch import run_batch_split, threads_for
+from torchnext.linalg.dispatch import run_batch_split, run_batch_split_into, threads_for
 from torchnext.linalg.spectral import plain_torch_needed
 
 __all__ = ["qr", "householder_qr"]
@@ -101,9 +101,16 @@ def qr(
     elif plain or chunks == 1:
         res = torch.linalg.qr(A, mode=mode)
         Q_, R_ = res.Q, res.R
-    else:
+    elif mode == "r":
         Q_, R_ = run_batch_split(
             lambda x: tuple(torch.linalg.qr(x, mode=mode)), [flat], chunks=chunks
+        )
+    else:
+        k = min(m, n) if mode == "reduced" else m
+        Q_ = flat.new_empty(flat.shape[0], m, k)
+        R_ = flat.new_empty(flat.shape[0], k, n)
+        run_batch_split_into(
+            lambda x, out: torch.linalg.qr(x, mode=mode, out=out), [flat], [Q_, R_], chunks=chunks
         )
     if mode != "r" and Q_.dim() == 3 and len(batch) != 1:
         Q_ = Q_.reshape(*batch, *Q_.shape[-2:])

@@ -40,8 +40,6 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
-import torch.distributed as dist
-
 from torchnext.distributed.launcher import host_store
 from torchnext.errors import WorkerFailedError
 from torchnext.testing._worker import _WorkerSpec, worker_main
