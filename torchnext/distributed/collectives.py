@@ -151,11 +151,15 @@ class CollectivesMixin:
             # Fast path for a blocking op nobody observes: one bounded slice of waiting,
             # no handle. Anything but a clean finish (a slice that runs out, a backend
             # error) goes on through the full handle below, which sorts it out.
+            # Tracked while it may block, like any op, so a retired epoch's backend group
+            # is never released under it.
+            epoch.pending.add(work)
             try:
                 work.wait(cfg.wait_slice)
             except RuntimeError:
                 pass
             else:
+                epoch.pending.discard(work)
                 if finish is not None:
                     finish()
                 return None
