@@ -61,6 +61,12 @@ def test_batch_split_equals_serial(monkeypatch: pytest.MonkeyPatch) -> None:
     L, V = tl.eigh(H)  # lapack route, split over 3 threads
     torch.testing.assert_close(L, serial.eigenvalues)
     assert recon_neps(H, (V * L[..., None, :]) @ V.mT, torch.float64) <= GATE_RECON
+    for mode in ("reduced", "complete", "r"):  # QR chunks write into preallocated outputs
+        G = torch.randn(3001, 7, 5, dtype=torch.float64)
+        Q, R = tl.qr(G, mode=mode)
+        ref = torch.linalg.qr(G, mode=mode)
+        torch.testing.assert_close(R, ref.R)
+        torch.testing.assert_close(Q, ref.Q)
 
 
 def test_only_lapack_batches_are_split_over_threads(monkeypatch: pytest.MonkeyPatch) -> None:
