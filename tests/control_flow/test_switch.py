@@ -235,9 +235,9 @@ def test_inductor_matches_eager() -> None:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Inductor's own imports warn
-def test_inductor_shared_comparison_path_picks_every_branch() -> None:
-    # K > 4 takes the shared `index < arange(K)` vector; every leaf, both clamps and a
-    # truncated float index must land where eager puts them.
+def test_inductor_deep_tree_picks_every_branch() -> None:
+    # Seven branches make a three-level tree: every leaf, both clamps and a truncated
+    # float index must land where eager puts them.
     branches = [lambda x, k=k: x * (k + 1) + k for k in range(7)]
     torch._dynamo.reset()
     f = torch.compile(lambda i, x: switch(i, branches, (x,)), fullgraph=True)

@@ -229,24 +229,22 @@ class CollectivesMixin:
     ) -> Work | None:
         """In-place reduction of ``tensor`` over all members (SUM, AVG, MIN, MAX, PRODUCT...)."""
         self._tensor(tensor, "tensor")
-        if op is _SUM and timeout is None:  # the common case, without pybind enum compares
-            return self._issue(
-                "allreduce", lambda pg: pg.allreduce([tensor]), (tensor,), (tensor,), async_op, None
-            )
+        # ``op is _SUM`` first: the common case, without a (slow) pybind enum comparison.
+        is_sum = op is _SUM or op == ReduceOp.SUM
         finish = None
-        if op == ReduceOp.AVG:
+        if not is_sum and op == ReduceOp.AVG:
             if not tensor.is_floating_point() and not tensor.is_complex():
                 raise ValueError(
                     f"all_reduce(op=AVG) needs a floating tensor, got {tensor.dtype}; "
                     "use SUM and divide, or convert the tensor"
                 )
             size = self._epoch.size
-            op = ReduceOp.SUM
+            op, is_sum = ReduceOp.SUM, True
 
             def finish() -> None:
                 tensor.div_(size)
 
-        if op == ReduceOp.SUM and timeout is None:
+        if is_sum and timeout is None:
             call: Callable[[Any], Any] = lambda pg: pg.allreduce([tensor])  # noqa: E731
         else:
             opts = self._opts(dist.AllreduceOptions, timeout, reduceOp=op)

@@ -26,7 +26,6 @@ leaves a process behind: :meth:`Agent.shutdown` terminates, then kills, every wo
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import socket
@@ -224,11 +223,9 @@ def _ipv4_listener(host: str, port: int) -> int | None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((addr, port))
         sock.listen(socket.SOMAXCONN)
-    except OSError as exc:
+    except OSError:
         sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise OSError(exc.errno, f"EADDRINUSE: {exc.strerror}") from None
-        raise
+        raise  # "Address already in use" is reported by host_store like torch's own error
     # The store owns the descriptor from here on; the Python object must not close it.
     return sock.detach()
 
