@@ -188,6 +188,16 @@ TORCHNEXT_LINALG_THREADS = _var(
     "intra-op thread count.",
 )
 
+# --------------------------------------------------------------------------- control flow
+
+TORCHNEXT_SWITCH_FLAT = _var(
+    "TORCHNEXT_SWITCH_FLAT",
+    True,
+    _parse_bool,
+    "Under torch.compile, capture `switch` as one flat K-way node (one host-side index "
+    "read, linear tracing); 0 keeps the balanced tree of torch.cond.",
+)
+
 # --------------------------------------------------------------------------- bench / cli
 
 TORCHNEXT_BENCH_DIR = _var(

@@ -10,6 +10,7 @@ import torch
 from torch._dynamo.exc import TorchRuntimeError, UncapturedHigherOrderOpError
 
 from torchnext.control_flow import switch
+from torchnext.control_flow._flat_switch import flat_switch
 from torchnext.errors import ControlFlowError, TorchnextError
 
 BRANCHES = [lambda x, k=k: x.sin() * (k + 1) for k in range(5)]
@@ -152,7 +153,34 @@ def test_compile_fullgraph_one_graph_with_every_branch() -> None:
     for i in range(-1, 7):
         torch.testing.assert_close(f(torch.tensor(i), x), _expected(i, x))
     assert len(counter.graphs) == 1
+    gm = counter.graphs[0]
+    [node] = [n for n in gm.graph.nodes if n.target is flat_switch]
+    assert len(node.args[1]) == len(BRANCHES)
+    assert _count_conds(gm) == 0
+
+
+def test_compile_keeps_the_cond_tree_when_flat_is_switched_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TORCHNEXT_SWITCH_FLAT", "0")
+    torch._dynamo.reset()
+    counter = _Counter()
+    f = torch.compile(lambda i, x: switch(i, BRANCHES, (x,)), backend=counter, fullgraph=True)
+    x = torch.randn(4)
+    for i in range(-1, 7):
+        torch.testing.assert_close(f(torch.tensor(i), x), _expected(i, x))
+    assert len(counter.graphs) == 1
     assert _count_conds(counter.graphs[0]) == len(BRANCHES) - 1
+    assert not any(n.target is flat_switch for n in counter.graphs[0].graph.nodes)
+
+
+def test_compile_with_two_branches_is_one_cond() -> None:
+    torch._dynamo.reset()
+    counter = _Counter()
+    f = torch.compile(lambda i, x: switch(i, BRANCHES[:2], (x,)), backend=counter, fullgraph=True)
+    x = torch.randn(4)
+    torch.testing.assert_close(f(torch.tensor(5), x), BRANCHES[1](x))
+    assert _count_conds(counter.graphs[0]) == 1
 
 
 def test_compile_with_python_int_index_specialises_with_214_warning() -> None:
@@ -235,9 +263,9 @@ def test_inductor_matches_eager() -> None:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Inductor's own imports warn
-def test_inductor_deep_tree_picks_every_branch() -> None:
-    # Seven branches make a three-level tree: every leaf, both clamps and a truncated
-    # float index must land where eager puts them.
+def test_inductor_picks_every_branch() -> None:
+    # Every branch, both clamps and a truncated float index must land where eager puts
+    # them (seven branches: the flat node, or a three-level tree with the flat path off).
     branches = [lambda x, k=k: x * (k + 1) + k for k in range(7)]
     torch._dynamo.reset()
     f = torch.compile(lambda i, x: switch(i, branches, (x,)), fullgraph=True)

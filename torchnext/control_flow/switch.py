@@ -5,26 +5,29 @@ Use it where torch 2.14 code calls ``torch._higher_order_ops.switch``: the call 
 specialise under tracing with the same ``UserWarning``; the same error types for bad
 branches), and it works on any torch that has ``torch.cond``.
 
-How: the K branches become a balanced binary tree of ``torch.cond`` nodes on the
-predicate ``index < mid``. Comparisons against integer midpoints clamp implicitly (a
-negative index walks left to branch 0, a too-large one right to branch K-1) and
-truncate float indices as 2.14 does, so no ``clamp`` node is needed. Consequences:
+How, by context:
 
-* ``torch.compile(fullgraph=True)`` captures one graph holding every branch, with no
-  graph break, for a tensor or SymInt index; Inductor runs ``ceil(log2 K)`` host-side
-  ``if`` tests, not K.
-* ``torch.export`` keeps every branch, and, unlike 2.14's native HOP, the exported
-  program saves and loads with ``torch.export.save``/``load`` (``cond`` serialises).
-* ``make_fx``, autograd through the taken branch and ``vmap`` (``cond`` has a batching
-  rule) work wherever ``cond`` does.
+* Under ``torch.compile`` (Dynamo, not export), with three or more branches: one flat
+  ``torchnext_switch`` node holding every branch as a subgraph (``torchnext.control_flow._flat_switch``). Dynamo, AOT
+  autograd and Inductor trace each branch once, so compile time is linear in K, and
+  Inductor dispatches with one host-side read of the index and an ``if``/``elif`` chain,
+  so compiled dispatch does not grow with K. Autograd through the taken branch works
+  (the backward is a flat switch over the branches' backward graphs).
+* Everywhere else (eager, ``torch.export``, ``make_fx``, ``vmap``, two branches): a balanced binary tree
+  of ``torch.cond`` on ``index < mid``. Comparisons against integer midpoints clamp
+  implicitly (a negative index walks left to branch 0, a too-large one right to branch
+  K-1) and truncate float indices as 2.14 does. ``torch.export`` keeps every branch and,
+  unlike 2.14's native HOP, the exported program saves and loads with
+  ``torch.export.save``/``load`` (``cond`` serialises); ``vmap`` uses ``cond``'s batching
+  rule.
 
-What not to assume: compiled dispatch is O(log K), not O(1) like 2.14's native HOP:
-each tree level is a nested Inductor subgraph call (about 2 us on a CPU host), and
-AOT compile time grows about K log K because each level retraces its subtree. The
-graph holds ``higher_order.cond`` nodes, not a
-``higher_order.switch`` node, so passes that pattern-match the native HOP will not see
-one; in eager mode a tensor index is traced once per distinct set of branch functions
-(as 2.14 does), so build branches once, not per call.
+What not to assume: the compiled graph holds a ``torchnext_switch`` node, not 2.14's
+``higher_order.switch``, so passes that pattern-match the native HOP will not see one.
+The flat node hooks into Dynamo's and Inductor's internals; on a torch where those are
+missing, or with ``TORCHNEXT_SWITCH_FLAT=0``, compile uses the ``cond`` tree (dispatch
+O(log K), compile time about K log K), and Inductor's C++ wrapper cannot compile the flat
+node (set the variable to 0 there). In eager mode a tensor index is traced once per
+distinct set of branch functions (as 2.14 does), so build branches once, not per call.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import has_static_value
 
+from torchnext._env import TORCHNEXT_SWITCH_FLAT
+from torchnext.control_flow._flat_switch import flat_switch
 from torchnext.control_flow._typed_errors import retyped
 from torchnext.errors import ControlFlowError
 
@@ -194,6 +200,22 @@ def _diagnose(
     return retyped(exc, f"switch: {problem}.")
 
 
+_flat_ready = False
+
+
+def _prepare_flat(ctx: object) -> None:
+    """Register the flat switch with Dynamo and Inductor if this torch allows it."""
+    global _flat_ready
+    if _flat_ready or not TORCHNEXT_SWITCH_FLAT.get():
+        _flat_ready = _flat_ready and TORCHNEXT_SWITCH_FLAT.get()
+        return
+    from torchnext.control_flow import _flat_switch_compile
+
+    if _flat_switch_compile.supported():
+        _flat_switch_compile.register()
+        _flat_ready = True
+
+
 def _warn_dynamo_index(ctx: object) -> None:
     warnings.warn(_DYNAMO_INDEX_WARNING, UserWarning, stacklevel=2)
 
@@ -240,7 +262,10 @@ def switch(
         return branches[0](*pytree.tree_unflatten(leaves, spec))
     if isinstance(index, bool):
         index = int(index)
-    if isinstance(index, int):
+    # Dynamo shows a SymInt as an int to isinstance; has_static_value tells them apart
+    # (it is constant-folded while Dynamo traces), so a shape-derived index keeps every
+    # branch instead of specialising.
+    if isinstance(index, int) and has_static_value(index):
         chosen = max(0, min(index, n - 1))
         if torch.compiler.is_dynamo_compiling():
             from torch._dynamo.comptime import comptime
@@ -252,6 +277,14 @@ def switch(
             warnings.warn(_EXPORT_INDEX_WARNING, UserWarning, stacklevel=2)
         return branches[chosen](*pytree.tree_unflatten(leaves, spec))
     if torch.compiler.is_dynamo_compiling():
+        from torch._dynamo.comptime import comptime
+
+        # Decided at trace time (comptime runs while Dynamo traces, before the global
+        # read below), so merely importing torchnext never imports Inductor.
+        comptime(_prepare_flat)
+        # Two branches are one cond either way, and cond carries int outputs natively.
+        if box and _flat_ready and not torch.compiler.is_exporting():
+            return _unbox(flat_switch(index, wrapped, tuple(leaves)))
         return _unbox(_run_tree(index, wrapped, leaves))
     compile_and_run: Callable[..., Any] | None
     try:
