@@ -239,3 +239,49 @@ def test_cpp_wrapper_is_refused_with_the_way_out() -> None:
         f(torch.tensor(1), torch.randn(3))
     assert "TORCHNEXT_SWITCH_FLAT=0" in str(info.value)
     assert isinstance(info.value.__cause__ or info.value, (ControlFlowError, RuntimeError))
+
+
+def test_eager_calls_run_the_flat_op_from_three_branches(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchnext.control_flow._flat_switch as flat_module
+
+    picks: list[int] = []
+
+    def counting_pick(index: Any, n_branches: int) -> int:
+        picks.append(n_branches)
+        return pick(index, n_branches)
+
+    monkeypatch.setattr(flat_module, "pick", counting_pick)
+    branches = [lambda x, k=k: x + k for k in range(5)]
+    x = torch.randn(3)
+    for i in (-1, 2, 9):
+        torch.testing.assert_close(switch(torch.tensor(i), branches, (x,)), x + _clamp(i, 5))
+    assert picks == [5, 5, 5]
+    # Two branches are one cond; vmap keeps the cond tree (cond has a batching rule).
+    switch(torch.tensor(1), branches[:2], (x,))
+    torch.vmap(lambda x: switch(torch.tensor(3), branches, (x,)))(torch.randn(2, 3))
+    assert picks == [5, 5, 5]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_vmap_under_compile_with_shared_and_per_example_index(backend: str) -> None:
+    branches = [lambda x, k=k: x.sin() * (k + 1) for k in range(5)]
+    xs = torch.randn(4, 3)
+    shared = _compiled(torch.vmap(lambda x: switch(torch.tensor(3), branches, (x,))), backend)
+    torch.testing.assert_close(shared(xs), branches[3](xs))
+    per_example = _compiled(
+        lambda i, xs: torch.vmap(lambda i, x: switch(i, branches, (x,)))(i, xs), backend
+    )
+    idx = torch.tensor([-2, 2, 4, 9])
+    want = torch.stack([branches[_clamp(int(i), 5)](x) for i, x in zip(idx, xs)])
+    torch.testing.assert_close(per_example(idx, xs), want)
+
+
+def test_op_under_vmap_picks_per_example_and_truncates_floats() -> None:
+    branches = [lambda x, k=k: (x + 10 * k, x * k) for k in range(3)]
+    xs = torch.randn(5, 2)
+    idx = torch.tensor([-1.0, 0.9, 1.7, 2.0, 5.5])
+    plus, times = torch.vmap(lambda i, x: flat_switch(i, branches, (x,)))(idx, xs)
+    for row, i in enumerate(idx.tolist()):
+        k = _clamp(int(i), 3)
+        torch.testing.assert_close(plus[row], xs[row] + 10 * k)
+        torch.testing.assert_close(times[row], xs[row] * k)

@@ -14,10 +14,14 @@ return the same number of tensors with the same dtypes (sizes may differ: the tr
 output then gets unbacked sizes, as ``cond`` does). Branches must not mutate or return
 their inputs.
 
+Under ``vmap`` the op stays flat when the whole batch takes one branch (the branches are
+vmapped), and runs every branch and keeps each example's pick when the index itself is
+batched.
+
 Use ``torchnext.control_flow.switch``, not this module: ``switch`` validates arguments,
 boxes ``int``/``None`` outputs, and keeps a tree of ``torch.cond`` where a program must
 stay in torch's own operator set (``torch.export``, whose programs must load again, and
-``vmap``). What not to assume: the op is registered under ``torch.ops.higher_order``
+``make_fx``). What not to assume: the op is registered under ``torch.ops.higher_order``
 with torchnext's name, so passes written for torch 2.14's ``higher_order.switch`` do not
 match it, and ``torch.export`` cannot serialise it.
 """
@@ -210,6 +214,44 @@ def _merge_leaves(leaves: Sequence[torch.Tensor], mode: FakeTensorMode) -> torch
         with scope:
             merged = _merge_output(merged, leaf, mode)
     return merged  # type: ignore[return-value]
+
+
+@flat_switch.py_impl(torch._C._functorch.TransformType.Vmap)
+def _vmap(
+    interpreter: Any, index: Any, branches: tuple[Branch, ...], operands: tuple[Any, ...]
+) -> Any:
+    from torch._C._functorch import _add_batch_dim, get_unwrapped, is_batchedtensor, maybe_get_bdim
+
+    def unwrap(t: Any) -> tuple[Any, int | None]:
+        if isinstance(t, torch.Tensor) and is_batchedtensor(t):
+            return get_unwrapped(t), maybe_get_bdim(t)
+        return t, None
+
+    inner, in_dims = zip(*(unwrap(t) for t in operands)) if operands else ((), ())
+    inner_index, index_dim = unwrap(index)
+    level = interpreter.level()
+    if index_dim is None:
+        # One branch for the whole batch: still a flat switch, over vmapped branches.
+        if all(d is None for d in in_dims):
+            with interpreter.lower():
+                return flat_switch(inner_index, branches, inner)
+        batched = tuple(torch.vmap(b, in_dims=tuple(in_dims)) for b in branches)
+        with interpreter.lower():
+            outs = flat_switch(inner_index, batched, inner)
+        return tuple(_add_batch_dim(o, 0, level) for o in outs)
+
+    # Each example picks its own branch: run every branch, keep each example's pick.
+    def per_example(i: torch.Tensor, *args: Any) -> tuple[torch.Tensor, ...]:
+        chosen = i.to(torch.int64).clamp(0, len(branches) - 1)
+        results = [b(*args) for b in branches]
+        picked = list(results[-1])
+        for k in range(len(branches) - 2, -1, -1):
+            picked = [torch.where(chosen == k, r, p) for r, p in zip(results[k], picked)]
+        return tuple(picked)
+
+    with interpreter.lower():
+        outs = torch.vmap(per_example, in_dims=(index_dim, *in_dims))(inner_index, *inner)
+    return tuple(_add_batch_dim(o, 0, level) for o in outs)
 
 
 @flat_switch.py_functionalize_impl

@@ -1,6 +1,7 @@
 """Teach Dynamo and Inductor the flat switch op: capture it in one node, dispatch it once.
 
-``register()`` installs two things into the running torch, once:
+``register()`` installs two things into the running torch, once (``register_dynamo()``
+only the first, for eager calls, which Dynamo captures but Inductor never sees):
 
 * a Dynamo variable for ``flat_switch`` that speculates each branch into its own
   subgraph (once per branch, so capture is linear in K), gives all branches one merged
@@ -29,7 +30,7 @@ import torch
 from torchnext.control_flow._flat_switch import flat_switch
 from torchnext.errors import ControlFlowError
 
-__all__ = ["register", "supported"]
+__all__ = ["register", "register_dynamo", "supported"]
 
 _HOP_DESCRIPTION = "torchnext.switch"
 
@@ -62,11 +63,17 @@ def supported() -> bool:
 
 
 @functools.cache
-def register() -> None:
-    """Install the Dynamo variable and the Inductor lowering (idempotent)."""
+def register_dynamo() -> None:
+    """Install the Dynamo variable (idempotent); enough for eager and non-Inductor backends."""
     from torch._dynamo.variables import higher_order_ops as hops
 
     hops._hop_name_to_variable_class[flat_switch.__name__] = _variable_class()
+
+
+@functools.cache
+def register() -> None:
+    """Install the Dynamo variable and the Inductor lowering (idempotent)."""
+    register_dynamo()
     from torch._inductor.lowering import register_lowering
 
     register_lowering(flat_switch, type_promotion_kind=None)(_lower)

@@ -7,19 +7,20 @@ branches), and it works on any torch that has ``torch.cond``.
 
 How, by context:
 
-* Under ``torch.compile`` (Dynamo, not export), with three or more branches: one flat
-  ``torchnext_switch`` node holding every branch as a subgraph (``torchnext.control_flow._flat_switch``). Dynamo, AOT
-  autograd and Inductor trace each branch once, so compile time is linear in K, and
-  Inductor dispatches with one host-side read of the index and an ``if``/``elif`` chain,
-  so compiled dispatch does not grow with K. Autograd through the taken branch works
-  (the backward is a flat switch over the branches' backward graphs).
-* Everywhere else (eager, ``torch.export``, ``make_fx``, ``vmap``, two branches): a balanced binary tree
-  of ``torch.cond`` on ``index < mid``. Comparisons against integer midpoints clamp
-  implicitly (a negative index walks left to branch 0, a too-large one right to branch
-  K-1) and truncate float indices as 2.14 does. ``torch.export`` keeps every branch and,
-  unlike 2.14's native HOP, the exported program saves and loads with
-  ``torch.export.save``/``load`` (``cond`` serialises); ``vmap`` uses ``cond``'s batching
-  rule.
+* Under ``torch.compile`` (Dynamo, not export) and in eager mode, with three or more
+  branches: one flat ``torchnext_switch`` node holding every branch as a subgraph
+  (``torchnext.control_flow._flat_switch``). Dynamo, AOT autograd and Inductor trace
+  each branch once, so compile time is linear in K, and Inductor dispatches with one
+  host-side read of the index and an ``if``/``elif`` chain, so compiled dispatch does
+  not grow with K. Autograd through the taken branch works (the backward is a flat
+  switch over the branches' backward graphs).
+* With two branches, under ``torch.export``, ``make_fx`` and eager ``vmap``: a balanced
+  binary tree of ``torch.cond`` on ``index < mid``. Comparisons against integer
+  midpoints clamp implicitly (a negative index walks left to branch 0, a too-large one
+  right to branch K-1) and truncate float indices as 2.14 does. ``torch.export`` keeps
+  every branch and, unlike 2.14's native HOP, the exported program saves and loads with
+  ``torch.export.save``/``load`` (``cond`` serialises); ``vmap`` uses ``cond``'s
+  batching rule. (Under ``torch.compile``, ``vmap`` goes through the flat op's own rule.)
 
 What not to assume: the compiled graph holds a ``torchnext_switch`` node, not 2.14's
 ``higher_order.switch``, so passes that pattern-match the native HOP will not see one.
@@ -200,20 +201,49 @@ def _diagnose(
     return retyped(exc, f"switch: {problem}.")
 
 
-_flat_ready = False
+_flat_ready = False  # Dynamo and Inductor know the flat op
+_flat_eager_ready = False  # Dynamo knows it (enough for eager calls)
 
 
 def _prepare_flat(ctx: object) -> None:
     """Register the flat switch with Dynamo and Inductor if this torch allows it."""
-    global _flat_ready
-    if _flat_ready or not TORCHNEXT_SWITCH_FLAT.get():
-        _flat_ready = _flat_ready and TORCHNEXT_SWITCH_FLAT.get()
+    global _flat_ready, _flat_eager_ready
+    _flat_ready = False
+    if not TORCHNEXT_SWITCH_FLAT.get():
         return
     from torchnext.control_flow import _flat_switch_compile
 
     if _flat_switch_compile.supported():
         _flat_switch_compile.register()
-        _flat_ready = True
+        _flat_ready = _flat_eager_ready = True
+
+
+def _prepare_flat_eager(ctx: object) -> None:
+    """Register the flat switch with Dynamo only: eager calls never reach Inductor."""
+    global _flat_eager_ready
+    _flat_eager_ready = False
+    if not TORCHNEXT_SWITCH_FLAT.get():
+        return
+    from torchnext.control_flow import _flat_switch_compile
+
+    if _flat_switch_compile.supported():
+        _flat_switch_compile.register_dynamo()
+        _flat_eager_ready = True
+
+
+def _run_eager(index: Any, branches: tuple[Callable[..., Any], ...], flat: list[Any]) -> Any:
+    """What an eager call compiles (backend "eager"): the flat op where it can be had."""
+    if torch.compiler.is_dynamo_compiling():
+        from torch._dynamo.comptime import comptime
+
+        comptime(_prepare_flat_eager)
+        if _flat_eager_ready:
+            return flat_switch(index, branches, tuple(flat))
+    return _run_tree(index, branches, flat)
+
+
+def _functorch_active() -> bool:
+    return torch._C._functorch.maybe_current_level() is not None
 
 
 def _warn_dynamo_index(ctx: object) -> None:
@@ -292,10 +322,13 @@ def switch(
     except ImportError:  # older torch: the top-level cond compiles the whole tree itself
         compile_and_run = None
     plain_eager = _in_plain_eager()
+    # vmap and the other functorch transforms run the captured graph on wrapped tensors;
+    # cond has rules for them, so they keep the tree.
+    run = _run_eager if box and plain_eager and not _functorch_active() else _run_tree
     try:
         if compile_and_run is None:
             return _unbox(_run_tree(index, wrapped, leaves))
-        return _unbox(compile_and_run(_run_tree, index, wrapped, leaves))
+        return _unbox(compile_and_run(run, index, wrapped, leaves))
     except torch._dynamo.exc.TorchDynamoException as exc:
         better = _diagnose(exc, wrapped, leaves) if plain_eager else None
         if better is None:
