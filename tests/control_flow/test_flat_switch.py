@@ -285,3 +285,31 @@ def test_op_under_vmap_picks_per_example_and_truncates_floats() -> None:
         k = _clamp(int(i), 3)
         torch.testing.assert_close(plus[row], xs[row] + 10 * k)
         torch.testing.assert_close(times[row], xs[row] * k)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Inductor's own imports warn
+def test_inductor_graph_cache_hits_and_tells_branches_apart(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    x = torch.randn(8)
+
+    def run(branches: list[Callable[[torch.Tensor], torch.Tensor]]) -> None:
+        torch._dynamo.reset()
+        f = torch.compile(lambda i, x: switch(i, branches, (x,)), fullgraph=True)
+        for i in (-1, 1, 2, 7):
+            torch.testing.assert_close(f(torch.tensor(i), x), branches[_clamp(i, 3)](x))
+
+    sines = [lambda x, k=k: (x * (k + 1)).sin() for k in range(3)]
+    cosines = [lambda x, k=k: (x * (k + 1)).cos() for k in range(3)]
+    counters.clear()
+    with inductor_config.patch(fx_graph_cache=True):
+        run(sines)
+        run(sines)
+        run(cosines)  # same structure, other branch bodies: must not reuse the entry
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1
+    assert counters["inductor"]["fxgraph_cache_miss"] == 2

@@ -59,8 +59,11 @@ Branch = Callable[..., Any]
 
 
 class _FlatSwitchOp(HigherOrderOperator):
+    # cacheable: Inductor's FX graph cache may store graphs holding this op. Its key
+    # covers the branch subgraphs (they are submodules of the graph), and a cache hit
+    # replays generated code that never calls the op.
     def __init__(self) -> None:
-        super().__init__("torchnext_switch")
+        super().__init__("torchnext_switch", cacheable=True)
 
     def __call__(
         self, index: torch.Tensor | int | torch.SymInt, branches: Sequence[Branch], operands: Any
