@@ -33,14 +33,22 @@ from torchnext.linalg._info import IterInfo
 __all__ = ["polar_newton_schulz", "sqrth_newton_schulz", "scaled_schedule"]
 
 
-def _affine(g: torch.Tensor, c_eye: float, c_g: float) -> torch.Tensor:
-    """``c_eye I + c_g G`` in one pass (scale, then bump the diagonal in place).
+def _affine_(g: torch.Tensor, c_eye: float, c_g: float) -> torch.Tensor:
+    """``G <- c_eye I + c_g G`` in place (scale, then bump the diagonal)."""
+    g.mul_(c_g)
+    g.diagonal(dim1=-2, dim2=-1).add_(c_eye)
+    return g
 
-    Multiplying by this is cheaper than ``baddbmm``, which first copies its input.
-    """
-    t = g * c_g
-    t.diagonal(dim1=-2, dim2=-1).add_(c_eye)
-    return t
+
+def _affine(g: torch.Tensor, c_eye: float, c_g: float) -> torch.Tensor:
+    """``c_eye I + c_g G`` as a new tensor."""
+    return _affine_(g.clone(), c_eye, c_g)
+
+
+def _residual_(g: torch.Tensor) -> torch.Tensor:
+    """``||G - I||_F`` per matrix, leaving ``G - I`` in ``g`` (no temporary)."""
+    g.diagonal(dim1=-2, dim2=-1).sub_(1)
+    return torch.linalg.vector_norm(g.flatten(-2), dim=-1)
 
 
 def scaled_schedule(l0: float) -> list[float]:
@@ -80,23 +88,31 @@ def polar_newton_schulz(
     conv_B = torch.zeros(B, dtype=torch.bool, device=x.device)
     resid_B = torch.full((B,), float("inf"), dtype=real, device=x.device)
     active = torch.arange(B, device=x.device)
-    eye = torch.eye(n, dtype=x.dtype, device=x.device)
+    # Every product goes into a buffer allocated once per active-set size: a fresh
+    # multi-megabyte tensor per GEMM costs page faults that, on the CPU, can take as
+    # long as the GEMM itself.
+    x_next = torch.empty_like(x)
+    xtx = x.new_empty(B, n, n)
     alphas = scaled_schedule(l0)
     k = 0
     while active.numel() > 0 and k < len(alphas) + extra_iters:
         a = alphas[k] if k < len(alphas) else 1.0
-        xtx = x.mH @ x
+        torch.matmul(x.mH, x, out=xtx)
         k += 1
-        if k > len(alphas):
+        # The update factor is 1.5a I - 0.5a^3 X^H X; below it is built from
+        # D = X^H X - I (which the plain phase measures) as (1.5a - 0.5a^3) I - 0.5a^3 D.
+        c_eye, c_g = 1.5 * a - 0.5 * a**3, -0.5 * a**3
+        if k <= len(alphas):
+            xtx.diagonal(dim1=-2, dim2=-1).sub_(1)
+        else:
             # Plain phase: measure, retire the converged, drop the hopeless.
-            r_b = torch.linalg.vector_norm((xtx - eye).flatten(-2), dim=-1)
+            r_b = _residual_(xtx)
             resid_B[active] = r_b
             fin = r_b <= done_tol
             hopeless = (r_b > 1.0) | ~torch.isfinite(r_b)
             keep = ~(fin | hopeless)
             if bool(fin.any()):
-                xf, gf = x[fin], xtx[fin]
-                out[active[fin]] = xf @ _affine(gf, 1.5, -0.5)
+                out[active[fin]] = x[fin] @ _affine(xtx[fin], 1.0, -0.5)
                 conv_B[active[fin]] = True
                 iters_B[active[fin]] = k
             iters_B[active[hopeless]] = k
@@ -104,7 +120,9 @@ def polar_newton_schulz(
                 active, x, xtx = active[keep], x[keep], xtx[keep]
                 if active.numel() == 0:
                     break
-        x = x @ _affine(xtx, 1.5 * a, -0.5 * a**3)
+                x_next = torch.empty_like(x)
+        torch.matmul(x, _affine_(xtx, c_eye, c_g), out=x_next)
+        x, x_next = x_next, x
     iters_B[active] = k
     return out, IterInfo(iters=iters_B, converged=conv_B, residual=resid_B)
 
@@ -132,7 +150,6 @@ def sqrth_newton_schulz(
     row = a_BNN.abs().sum(-1).amax(-1)  # ||A||_inf; matrix_norm(ord=inf) is ~10x slower here
     s_B = torch.minimum(fro, row).clamp_min(torch.finfo(real).tiny)
     y = a_BNN / s_B[:, None, None].to(a_BNN.dtype)
-    eye = torch.eye(n, dtype=a_BNN.dtype, device=a_BNN.device)
     z: torch.Tensor | None = None  # Z0 = I is never materialised
     out = torch.empty_like(y)
     iters_B = torch.zeros(B, dtype=torch.int32, device=y.device)
@@ -142,19 +159,29 @@ def sqrth_newton_schulz(
     sqrt_s = s_B.sqrt()
     alphas = scaled_schedule(l0)
     budget = len(alphas) + extra_iters
+    # Products go into buffers allocated once per active-set size (see the polar loop).
+    zy, y_next, z_next = torch.empty_like(y), torch.empty_like(y), torch.empty_like(y)
     k = 0
     while active.numel() > 0 and k < budget:
         a = alphas[k] if k < len(alphas) else 1.0
         k += 1
-        zy = y if z is None else z @ y
-        if k > len(alphas):
-            r_b = torch.linalg.vector_norm((zy - eye).flatten(-2), dim=-1)
+        if z is None:
+            zy.copy_(y)
+        else:
+            torch.matmul(z, y, out=zy)
+        # T = 1.5a I - 0.5a^3 ZY, built from D = ZY - I (which the plain phase
+        # measures) as (1.5a - 0.5a^3) I - 0.5a^3 D.
+        c_eye, c_g = 1.5 * a - 0.5 * a**3, -0.5 * a**3
+        if k <= len(alphas):
+            zy.diagonal(dim1=-2, dim2=-1).sub_(1)
+        else:
+            r_b = _residual_(zy)
             resid_B[active] = r_b
             fin = r_b <= done_tol
             hopeless = ~torch.isfinite(r_b) | (r_b > 1.0)
             if bool(fin.any()):
                 idx = active[fin]
-                last = y[fin] @ _affine(zy[fin], 1.5, -0.5)
+                last = y[fin] @ _affine(zy[fin], 1.0, -0.5)
                 out[idx] = last * sqrt_s[idx][:, None, None].to(y.dtype)
                 conv_B[idx] = True
                 iters_B[idx] = k
@@ -165,9 +192,15 @@ def sqrth_newton_schulz(
                 z = None if z is None else z[keep]
                 if active.numel() == 0:
                     break
-        # T = 1.5a I - 0.5a^3 ZY built in one pass (scale, then bump the diagonal in
-        # place); Y <- Y T and Z <- T Z are then plain GEMMs (Z0 = I, so Z1 = T).
-        t = _affine(zy, 1.5 * a, -0.5 * a**3)
-        y, z = y @ t, (t if z is None else t @ z)
+                y_next, z_next = torch.empty_like(y), torch.empty_like(y)
+        # Y <- Y T and Z <- T Z are plain GEMMs (Z0 = I, so Z1 = T).
+        t = _affine_(zy, c_eye, c_g)
+        torch.matmul(y, t, out=y_next)
+        y, y_next = y_next, y
+        if z is None:
+            z_next.copy_(t)
+        else:
+            torch.matmul(t, z, out=z_next)
+        z, z_next = z_next, (torch.empty_like(y) if z is None else z)
     iters_B[active] = k
     return out, IterInfo(iters=iters_B, converged=conv_B, residual=resid_B)
