@@ -313,3 +313,28 @@ def test_inductor_graph_cache_hits_and_tells_branches_apart(
         run(cosines)  # same structure, other branch bodies: must not reuse the entry
     assert counters["inductor"]["fxgraph_cache_hit"] == 1
     assert counters["inductor"]["fxgraph_cache_miss"] == 2
+
+
+def test_a_torch_without_the_internals_gets_the_cond_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchnext.control_flow import _flat_switch_compile
+
+    monkeypatch.setattr(_flat_switch_compile, "supported", lambda: False)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        graphs.append(gm)
+        return gm
+
+    f = _compiled(lambda i, x: switch(i, FREEVAR_BRANCHES, (x,)), backend)
+    x = torch.randn(6)
+    for i in (-1, 2, 5):
+        torch.testing.assert_close(f(torch.tensor(i), x), FREEVAR_BRANCHES[_clamp(i, 4)](x))
+    nodes = [
+        n
+        for g in graphs
+        for m in g.modules()
+        if isinstance(m, torch.fx.GraphModule)
+        for n in m.graph.nodes
+    ]
+    assert not any(n.target is flat_switch for n in nodes)
+    assert sum(n.target is torch.ops.higher_order.cond for n in nodes) == 3

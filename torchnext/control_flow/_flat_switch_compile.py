@@ -40,8 +40,9 @@ def supported() -> bool:
     """Whether this torch has the internals the flat path is built on."""
     try:
         from torch._dynamo.variables import higher_order_ops as hops
-        from torch._inductor import fx_utils, ir
+        from torch._inductor import fx_utils, graph, ir
         from torch._inductor.codegen import wrapper
+        from torch.fx.experimental import symbolic_shapes
 
         needed = [
             (hops, "_hop_name_to_variable_class"),
@@ -50,9 +51,19 @@ def supported() -> bool:
             (hops, "make_attr"),
             (hops, "_make_inlined"),
             (hops, "TorchHigherOrderOperatorVariable"),
+            (hops, "LazyVariableTracker"),
+            (hops, "only_consist_of"),
+            (hops, "unpack_iterable"),
             (ir, "ExternKernel"),
             (ir, "MultiOutput"),
+            (ir, "MultiOutputLayout"),
+            (ir, "FixedLayout"),
+            (ir, "ShapeAsConstantBuffer"),
+            (ir, "TensorBox"),
+            (ir, "is_triton"),
             (ir, "_split_by_sym_type"),
+            (graph.GraphLowering, "make_subgraph"),
+            (symbolic_shapes, "resolve_unbacked_bindings"),
             (wrapper, "EnterSubgraphLine"),
             (wrapper.PythonWrapperCodegen, "codegen_subgraph"),
             (fx_utils, "_extract_subgraphs_and_args"),

@@ -40,14 +40,22 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from torchnext._env import TORCHNEXT_SWITCH_FLAT
-from torchnext.control_flow._flat_switch import flat_switch
 from torchnext.control_flow._typed_errors import retyped
 from torchnext.errors import ControlFlowError
 
 __all__ = ["switch"]
+
+try:
+    # Dynamo shows a SymInt to isinstance as an int; this tells them apart (Dynamo
+    # constant-folds it while tracing).
+    from torch.fx.experimental.symbolic_shapes import has_static_value as _has_static_value
+except ImportError:  # older torch, where Dynamo specialises such an index anyway
+
+    def _has_static_value(a: Any) -> bool:  # type: ignore[misc]
+        return not isinstance(a, torch.SymInt)
+
 
 _DYNAMO_INDEX_WARNING = (
     "Index is a Python constant. When used with torch.switch, it specializes on one of the "
@@ -201,34 +209,40 @@ def _diagnose(
     return retyped(exc, f"switch: {problem}.")
 
 
-_flat_ready = False  # Dynamo and Inductor know the flat op
-_flat_eager_ready = False  # Dynamo knows it (enough for eager calls)
+# Set by comptime hooks while Dynamo traces, read by the traced code right after:
+# the flat op once this torch is known to run it (None: keep the cond tree), and
+# whether Inductor can lower it too (eager calls need Dynamo only).
+_flat_op: Any = None
+_flat_ready = False
+
+
+def _load_flat(*, inductor: bool) -> Any:
+    if not TORCHNEXT_SWITCH_FLAT.get():
+        return None
+    try:
+        from torchnext.control_flow import _flat_switch_compile
+    except ImportError:  # a torch without the internals the flat op is built on
+        return None
+    if not _flat_switch_compile.supported():
+        return None
+    if inductor:
+        _flat_switch_compile.register()
+    else:
+        _flat_switch_compile.register_dynamo()
+    return _flat_switch_compile.flat_switch
 
 
 def _prepare_flat(ctx: object) -> None:
     """Register the flat switch with Dynamo and Inductor if this torch allows it."""
-    global _flat_ready, _flat_eager_ready
-    _flat_ready = False
-    if not TORCHNEXT_SWITCH_FLAT.get():
-        return
-    from torchnext.control_flow import _flat_switch_compile
-
-    if _flat_switch_compile.supported():
-        _flat_switch_compile.register()
-        _flat_ready = _flat_eager_ready = True
+    global _flat_op, _flat_ready
+    _flat_op = _load_flat(inductor=True)
+    _flat_ready = _flat_op is not None
 
 
 def _prepare_flat_eager(ctx: object) -> None:
     """Register the flat switch with Dynamo only: eager calls never reach Inductor."""
-    global _flat_eager_ready
-    _flat_eager_ready = False
-    if not TORCHNEXT_SWITCH_FLAT.get():
-        return
-    from torchnext.control_flow import _flat_switch_compile
-
-    if _flat_switch_compile.supported():
-        _flat_switch_compile.register_dynamo()
-        _flat_eager_ready = True
+    global _flat_op
+    _flat_op = _load_flat(inductor=False)
 
 
 def _run_eager(index: Any, branches: tuple[Callable[..., Any], ...], flat: list[Any]) -> Any:
@@ -237,8 +251,8 @@ def _run_eager(index: Any, branches: tuple[Callable[..., Any], ...], flat: list[
         from torch._dynamo.comptime import comptime
 
         comptime(_prepare_flat_eager)
-        if _flat_eager_ready:
-            return flat_switch(index, branches, tuple(flat))
+        if _flat_op is not None:
+            return _flat_op(index, branches, tuple(flat))
     return _run_tree(index, branches, flat)
 
 
@@ -295,7 +309,7 @@ def switch(
     # Dynamo shows a SymInt as an int to isinstance; has_static_value tells them apart
     # (it is constant-folded while Dynamo traces), so a shape-derived index keeps every
     # branch instead of specialising.
-    if isinstance(index, int) and has_static_value(index):
+    if isinstance(index, int) and _has_static_value(index):
         chosen = max(0, min(index, n - 1))
         if torch.compiler.is_dynamo_compiling():
             from torch._dynamo.comptime import comptime
@@ -314,7 +328,7 @@ def switch(
         comptime(_prepare_flat)
         # Two branches are one cond either way, and cond carries int outputs natively.
         if box and _flat_ready and not torch.compiler.is_exporting():
-            return _unbox(flat_switch(index, wrapped, tuple(leaves)))
+            return _unbox(_flat_op(index, wrapped, tuple(leaves)))
         return _unbox(_run_tree(index, wrapped, leaves))
     compile_and_run: Callable[..., Any] | None
     try:
