@@ -127,18 +127,28 @@ def polar_newton_schulz(
     return out, IterInfo(iters=iters_B, converged=conv_B, residual=resid_B)
 
 
+# The square root's fast path is meant for condition numbers up to ~10: with
+# s / lambda_max <= 1.1 that puts sqrt(lambda_min / s) above 0.3. Worse-conditioned
+# matrices still converge, in extra plain steps; those that do not within the budget
+# are reported unconverged (the caller falls back to eigh).
+SQRTH_L0 = 0.3
+
+
 def sqrth_newton_schulz(
-    a_BNN: torch.Tensor, *, l0: float = 0.15, extra_iters: int = 8
-) -> tuple[torch.Tensor, IterInfo]:
+    a_BNN: torch.Tensor, *, l0: float = SQRTH_L0, extra_iters: int = 8
+) -> tuple[torch.Tensor, IterInfo, torch.Tensor]:
     """Principal square root of Hermitian positive-definite ``a_BNN`` by coupled NS.
 
-    ``Y0 = A/s, Z0 = I`` with ``s = min(||A||_F, ||A||_inf)``; ``T = a (3I - a^2 Z Y)/2``, ``Y <- Y T``,
-    ``Z <- T Z``; ``Y -> (A/s)^{1/2}``. On each eigenvalue ``x = lambda/s`` the map is
-    Newton-Schulz on ``sqrt(x)``, so the polar iteration's scaling ``a_k`` (from the
-    lower bound ``l0`` on ``sqrt(lambda_min/s)``) applies unchanged. A matrix
-    converges when ``||Z Y - I||_F <= sqrt(eps)/4`` (one more step follows). Unconverged
-    matrices (indefinite ones, whose x stays <= 0, or too ill-conditioned for the
-    budget) are flagged; their rows are unspecified.
+    ``Y0 = A/s, Z0 = I`` with ``s = min(||A||_F, ||A||_inf)``; ``T = a (3I - a^2 Z Y)/2``,
+    ``Y <- Y T``, ``Z <- T Z``; ``Y -> (A/s)^{1/2}``. On each eigenvalue ``x = lambda/s``
+    the map is Newton-Schulz on ``sqrt(x)``, so the polar iteration's scaling ``a_k``
+    (from the assumed lower bound ``l0`` on ``sqrt(lambda_min/s)``) applies unchanged. A
+    matrix converges when ``||Z Y - I||_F <= sqrt(eps)/4`` (one more step follows).
+    Unconverged matrices (indefinite ones, whose x stays <= 0, or too ill-conditioned
+    for the budget) are flagged; their rows are unspecified.
+
+    Returns ``(X, info, recon_B)`` with ``recon_B = ||X X - A||_F / ||A||_F`` per matrix
+    (the caller's accuracy gate; computed here, in a buffer the loop no longer needs).
     """
     B, n, _ = a_BNN.shape
     real = a_BNN.real.dtype if a_BNN.is_complex() else a_BNN.dtype
@@ -150,28 +160,35 @@ def sqrth_newton_schulz(
     row = a_BNN.abs().sum(-1).amax(-1)  # ||A||_inf; matrix_norm(ord=inf) is ~10x slower here
     s_B = torch.minimum(fro, row).clamp_min(torch.finfo(real).tiny)
     y = a_BNN / s_B[:, None, None].to(a_BNN.dtype)
-    z: torch.Tensor | None = None  # Z0 = I is never materialised
     out = torch.empty_like(y)
     iters_B = torch.zeros(B, dtype=torch.int32, device=y.device)
     conv_B = torch.zeros(B, dtype=torch.bool, device=y.device)
     resid_B = torch.full((B,), float("inf"), dtype=real, device=y.device)
     active = torch.arange(B, device=y.device)
+    whole = True  # active is still arange(B): results can be written without scatter
     sqrt_s = s_B.sqrt()
     alphas = scaled_schedule(l0)
     budget = len(alphas) + extra_iters
     # Products go into buffers allocated once per active-set size (see the polar loop).
-    zy, y_next, z_next = torch.empty_like(y), torch.empty_like(y), torch.empty_like(y)
+    zy, y_next, z = torch.empty_like(y), torch.empty_like(y), torch.empty_like(y)
+    z_next = torch.empty_like(y)
+    if not alphas:  # no scaled phase: start from Z0 = I explicitly
+        z.zero_().diagonal(dim1=-2, dim2=-1).fill_(1)
     k = 0
     while active.numel() > 0 and k < budget:
         a = alphas[k] if k < len(alphas) else 1.0
         k += 1
-        if z is None:
-            zy.copy_(y)
-        else:
-            torch.matmul(z, y, out=zy)
         # T = 1.5a I - 0.5a^3 ZY, built from D = ZY - I (which the plain phase
         # measures) as (1.5a - 0.5a^3) I - 0.5a^3 D.
         c_eye, c_g = 1.5 * a - 0.5 * a**3, -0.5 * a**3
+        if k == 1 and alphas:
+            # Z0 = I: ZY = Y0, and Z1 = T1 goes straight into Z's buffer.
+            torch.mul(y, c_g, out=z)
+            z.diagonal(dim1=-2, dim2=-1).add_(1.5 * a)
+            torch.matmul(y, z, out=y_next)
+            y, y_next = y_next, y
+            continue
+        torch.matmul(z, y, out=zy)
         if k <= len(alphas):
             zy.diagonal(dim1=-2, dim2=-1).sub_(1)
         else:
@@ -179,6 +196,18 @@ def sqrth_newton_schulz(
             resid_B[active] = r_b
             fin = r_b <= done_tol
             hopeless = ~torch.isfinite(r_b) | (r_b > 1.0)
+            if bool(fin.all()):
+                # Usual case: the whole active set finishes together; no gathers.
+                last = torch.matmul(y, _affine_(zy, 1.0, -0.5), out=y_next)
+                last.mul_(sqrt_s[active][:, None, None].to(y.dtype))
+                if whole:
+                    out, y_next = last, out
+                else:
+                    out[active] = last
+                conv_B[active] = True
+                iters_B[active] = k
+                active = active[:0]
+                break
             if bool(fin.any()):
                 idx = active[fin]
                 last = y[fin] @ _affine(zy[fin], 1.0, -0.5)
@@ -188,19 +217,20 @@ def sqrth_newton_schulz(
             iters_B[active[hopeless]] = k
             keep = ~(fin | hopeless)
             if not bool(keep.all()):
-                active, y, zy = active[keep], y[keep], zy[keep]
-                z = None if z is None else z[keep]
+                whole = False
+                active, y, zy, z = active[keep], y[keep], zy[keep], z[keep]
                 if active.numel() == 0:
                     break
                 y_next, z_next = torch.empty_like(y), torch.empty_like(y)
-        # Y <- Y T and Z <- T Z are plain GEMMs (Z0 = I, so Z1 = T).
+        # Y <- Y T and Z <- T Z are plain GEMMs.
         t = _affine_(zy, c_eye, c_g)
         torch.matmul(y, t, out=y_next)
-        y, y_next = y_next, y
-        if z is None:
-            z_next.copy_(t)
-        else:
-            torch.matmul(t, z, out=z_next)
-        z, z_next = z_next, (torch.empty_like(y) if z is None else z)
+        torch.matmul(t, z, out=z_next)
+        y, y_next, z, z_next = y_next, y, z_next, z
     iters_B[active] = k
-    return out, IterInfo(iters=iters_B, converged=conv_B, residual=resid_B)
+    # Reconstruction residual, in a loop buffer when one of full size is free.
+    scratch = y_next if y_next.shape[0] == B and y_next is not out else torch.empty_like(out)
+    torch.matmul(out, out, out=scratch)
+    scratch.sub_(a_BNN)
+    recon_B = torch.linalg.matrix_norm(scratch) / fro.clamp_min(torch.finfo(real).tiny)
+    return out, IterInfo(iters=iters_B, converged=conv_B, residual=resid_B), recon_B

@@ -97,15 +97,12 @@ def _route(a_BNN: torch.Tensor, method: str, check_pd: bool) -> tuple[torch.Tens
     # Convergence implies positive definiteness: on an eigenvalue x = lambda/s <= 0 the
     # iteration's x <- x (3 - x)^2 / 4 stays at 0 or diverges, so check_pd is enforced
     # by the eigh fallback, which sees every matrix that could violate it.
-    X, info = sqrth_newton_schulz(a_BNN)
+    X, info, resid_B = sqrth_newton_schulz(a_BNN)
     # The iteration's attainable accuracy degrades like eps * sqrt(cond); check the
     # result itself (one GEMM) and send the few that miss 4 n*eps to eigh as well.
     n = a_BNN.shape[-1]
     real = X.real.dtype if X.is_complex() else X.dtype
     gate = 4 * n * torch.finfo(real).eps
-    resid_B = torch.linalg.matrix_norm(X @ X - a_BNN) / torch.linalg.matrix_norm(a_BNN).clamp_min(
-        torch.finfo(real).tiny
-    )
     accurate = info.converged & (resid_B <= gate)
     info = IterInfo(iters=info.iters, converged=accurate, residual=info.residual)
     bad = (~accurate).nonzero().flatten()
