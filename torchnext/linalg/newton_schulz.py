@@ -88,6 +88,7 @@ def polar_newton_schulz(
     conv_B = torch.zeros(B, dtype=torch.bool, device=x.device)
     resid_B = torch.full((B,), float("inf"), dtype=real, device=x.device)
     active = torch.arange(B, device=x.device)
+    whole = True  # active is still arange(B): results can be written without scatter
     # Every product goes into a buffer allocated once per active-set size: a fresh
     # multi-megabyte tensor per GEMM costs page faults that, on the CPU, can take as
     # long as the GEMM itself.
@@ -111,12 +112,24 @@ def polar_newton_schulz(
             fin = r_b <= done_tol
             hopeless = (r_b > 1.0) | ~torch.isfinite(r_b)
             keep = ~(fin | hopeless)
+            if bool(fin.all()):
+                # Usual case: the whole active set finishes together; no gathers.
+                last = torch.matmul(x, _affine_(xtx, 1.0, -0.5), out=x_next)
+                if whole:
+                    out = last
+                else:
+                    out[active] = last
+                conv_B[active] = True
+                iters_B[active] = k
+                active = active[:0]
+                break
             if bool(fin.any()):
                 out[active[fin]] = x[fin] @ _affine(xtx[fin], 1.0, -0.5)
                 conv_B[active[fin]] = True
                 iters_B[active[fin]] = k
             iters_B[active[hopeless]] = k
             if not bool(keep.all()):
+                whole = False
                 active, x, xtx = active[keep], x[keep], xtx[keep]
                 if active.numel() == 0:
                     break
