@@ -145,7 +145,8 @@ def _count_conds(gm: torch.fx.GraphModule) -> int:
     )
 
 
-def test_compile_fullgraph_one_graph_with_every_branch() -> None:
+def _captured_graph() -> torch.fx.GraphModule:
+    """Compile switch over BRANCHES, check every index, return the one captured graph."""
     torch._dynamo.reset()
     counter = _Counter()
     f = torch.compile(lambda i, x: switch(i, BRANCHES, (x,)), backend=counter, fullgraph=True)
@@ -153,7 +154,11 @@ def test_compile_fullgraph_one_graph_with_every_branch() -> None:
     for i in range(-1, 7):
         torch.testing.assert_close(f(torch.tensor(i), x), _expected(i, x))
     assert len(counter.graphs) == 1
-    gm = counter.graphs[0]
+    return counter.graphs[0]
+
+
+def test_compile_fullgraph_one_graph_with_every_branch() -> None:
+    gm = _captured_graph()
     [node] = [n for n in gm.graph.nodes if n.target is flat_switch]
     assert len(node.args[1]) == len(BRANCHES)
     assert _count_conds(gm) == 0
@@ -163,15 +168,9 @@ def test_compile_keeps_the_cond_tree_when_flat_is_switched_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("TORCHNEXT_SWITCH_FLAT", "0")
-    torch._dynamo.reset()
-    counter = _Counter()
-    f = torch.compile(lambda i, x: switch(i, BRANCHES, (x,)), backend=counter, fullgraph=True)
-    x = torch.randn(4)
-    for i in range(-1, 7):
-        torch.testing.assert_close(f(torch.tensor(i), x), _expected(i, x))
-    assert len(counter.graphs) == 1
-    assert _count_conds(counter.graphs[0]) == len(BRANCHES) - 1
-    assert not any(n.target is flat_switch for n in counter.graphs[0].graph.nodes)
+    gm = _captured_graph()
+    assert _count_conds(gm) == len(BRANCHES) - 1
+    assert not any(n.target is flat_switch for n in gm.graph.nodes)
 
 
 def test_compile_with_two_branches_is_one_cond() -> None:

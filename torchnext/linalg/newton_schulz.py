@@ -51,6 +51,28 @@ def _residual_(g: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(g.flatten(-2), dim=-1)
 
 
+def _finish_all(
+    last: torch.Tensor,
+    out: torch.Tensor,
+    active: torch.Tensor,
+    whole: bool,
+    conv_B: torch.Tensor,
+    iters_B: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
+    """Record every active matrix as converged at step ``k`` with result ``last``.
+
+    Returns the output: ``last`` itself while the active set is still the whole batch in
+    order (no scatter), else ``out`` with ``last`` scattered into the active rows.
+    """
+    conv_B[active] = True
+    iters_B[active] = k
+    if whole:
+        return last
+    out[active] = last
+    return out
+
+
 def scaled_schedule(l0: float) -> list[float]:
     """Scaling factors ``a_k`` for the scaled cubic iteration from lower bound ``l0``."""
     alphas = []
@@ -115,12 +137,7 @@ def polar_newton_schulz(
             if bool(fin.all()):
                 # Usual case: the whole active set finishes together; no gathers.
                 last = torch.matmul(x, _affine_(xtx, 1.0, -0.5), out=x_next)
-                if whole:
-                    out = last
-                else:
-                    out[active] = last
-                conv_B[active] = True
-                iters_B[active] = k
+                out = _finish_all(last, out, active, whole, conv_B, iters_B, k)
                 active = active[:0]
                 break
             if bool(fin.any()):
@@ -213,12 +230,9 @@ def sqrth_newton_schulz(
                 # Usual case: the whole active set finishes together; no gathers.
                 last = torch.matmul(y, _affine_(zy, 1.0, -0.5), out=y_next)
                 last.mul_(sqrt_s[active][:, None, None].to(y.dtype))
-                if whole:
-                    out, y_next = last, out
-                else:
-                    out[active] = last
-                conv_B[active] = True
-                iters_B[active] = k
+                done = _finish_all(last, out, active, whole, conv_B, iters_B, k)
+                if done is not out:  # the loop buffer became the output; reuse the other
+                    out, y_next = done, out
                 active = active[:0]
                 break
             if bool(fin.any()):
