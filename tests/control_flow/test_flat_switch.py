@@ -338,3 +338,26 @@ def test_a_torch_without_the_internals_gets_the_cond_tree(monkeypatch: pytest.Mo
     ]
     assert not any(n.target is flat_switch for n in nodes)
     assert sum(n.target is torch.ops.higher_order.cond for n in nodes) == 3
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_nested_control_flow_and_zero_operands(backend: str) -> None:
+    inner = [lambda x, k=k: x * (k + 2) for k in range(3)]
+    outer = [
+        lambda x: switch(torch.tensor(1), inner, (x,)) + 1,  # a flat switch inside one
+        lambda x: x.sin(),
+        lambda x: torch.cond(x.sum() > 0, lambda x: x.cos(), lambda x: x.tan(), (x,)),
+    ]
+    x = torch.randn(4)
+    expected = [x * 3 + 1, x.sin(), x.cos() if x.sum() > 0 else x.tan()]
+    f = _compiled(lambda i, x: switch(i, outer, (x,)), backend)
+    for i in (0, 1, 2, 5):
+        torch.testing.assert_close(f(torch.tensor(i), x), expected[_clamp(i, 3)])
+
+    def constant(k: int) -> Callable[[], torch.Tensor]:
+        return lambda: torch.full((3,), float(k))
+
+    constants = [constant(k) for k in range(3)]
+    g = _compiled(lambda i: switch(i, constants, ()), backend)
+    for i in (-1, 1, 2):
+        torch.testing.assert_close(g(torch.tensor(i)), torch.full((3,), float(_clamp(i, 3))))
