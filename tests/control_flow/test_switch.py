@@ -98,6 +98,11 @@ def test_bad_arguments_raise_runtime_error_before_running(
     ("branches", "error", "match"),
     [
         ([lambda x: x.sin(), lambda x: x.double()], TorchRuntimeError, "branch1 .*float64"),
+        (  # three branches: the flat op's path names the branch too
+            [lambda x: x.sin(), lambda x: x.cos(), lambda x: x.double()],
+            TorchRuntimeError,
+            "branch2 .*float64",
+        ),
         ([lambda x: x.sin(), lambda x: x.sum()], TorchRuntimeError, "branch1 .*0d"),
         (
             [lambda x: (x.sin(),), lambda x: (x.cos(), x.cos())],
