@@ -115,6 +115,29 @@ def test_torchnext_switch_matches_native_switch_in_process() -> None:
         )
 
 
+def test_torchnext_switch_compiled_on_214_matches_native_with_gradients() -> None:
+    # The flat op hooks into Dynamo and AOT internals; check it still holds on 2.14.
+    from torch._higher_order_ops import switch as native_switch
+
+    from torchnext.control_flow import switch
+
+    w = torch.randn(6)
+    branches = [lambda x: x + w, lambda x: x.sin(), lambda x: x * 3, lambda x: x.cos()]
+    ours = torch.compile(
+        lambda i, x: switch(i, branches, (x,)), backend="aot_eager", fullgraph=True
+    )
+    native = torch.compile(
+        lambda i, x: native_switch(i, branches, (x,)), backend="aot_eager", fullgraph=True
+    )
+    x = torch.randn(6, requires_grad=True)
+    for i in (-1, 1, 2, 7):
+        got, want = ours(torch.tensor(i), x), native(torch.tensor(i), x)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(
+            torch.autograd.grad(got.sum(), x), torch.autograd.grad(want.sum(), x)
+        )
+
+
 DYNAMIC_SPEC_PROGRAM = """
 from torch.fx.experimental.dynamic_spec import ShapeVar, TensorSpec, ParamsSpec, STATIC, dynamic_spec
 B = ShapeVar("B", min=2, max=64)
