@@ -11,6 +11,7 @@ Read a variable with ``ENV_NAME.get()``; never call ``os.environ`` for a
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,26 @@ def _parse_seconds(raw: str) -> timedelta:
     if seconds < 0:
         raise ValueError(f"expected a non-negative number of seconds; got {raw!r}")
     return timedelta(seconds=seconds)
+
+
+def _parse_seconds_or_off(raw: str) -> timedelta | None:
+    """A positive number of seconds, or 0 for "off" (None)."""
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ValueError(f"expected a number of seconds (0 turns it off); got {raw!r}") from None
+    # float() accepts "nan" and "inf"; neither is a delay a watchdog can wait for.
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(
+            f"expected a finite, non-negative number of seconds (0 turns it off); got {raw!r}"
+        )
+    if seconds == 0:
+        return None
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        limit = int(timedelta.max.total_seconds())
+        raise ValueError(f"expected fewer than {limit} seconds; got {raw!r}") from None
 
 
 def _parse_int(raw: str) -> int:
@@ -169,6 +190,14 @@ TORCHNEXT_FR_STACKS = _var(
     False,
     _parse_bool,
     "Record a Python stack with each flight-recorder entry (costs more per call).",
+)
+TORCHNEXT_FR_STUCK_DUMP_S: EnvVar[timedelta | None] = _var(
+    "TORCHNEXT_FR_STUCK_DUMP_S",
+    timedelta(seconds=60),
+    _parse_seconds_or_off,
+    "Seconds an op may run before the flight recorder dumps it as stuck; 0 turns the "
+    "watchdog off. Unset, it is 60 when TORCHNEXT_FR_ENABLE turns the recorder on, and "
+    "off for recorders configured in code.",
 )
 TORCHNEXT_RMA_ADDR = _var(
     "TORCHNEXT_RMA_ADDR",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from torchnext import _env
 from torchnext.cli import main as cli_main
 from torchnext.distributed import _hooks, flight_recorder
 from torchnext.distributed._fr_format import load_dump
@@ -200,6 +203,163 @@ dist.destroy_process_group()
     subprocess.run([sys.executable, "-c", program], env=env, check=True, timeout=60)
     (dump,) = tmp_path.glob("*signal*.json")
     assert load_dump(dump)["entries"][0]["profiling_name"] == "gloo:all_reduce"
+
+
+# A gloo rank: rank 1 joins one all_reduce and then waits forever in the group; rank 0
+# joins that one, then enters a second all_reduce that rank 1 never joins. The
+# collective timeout (120 s) is far beyond the test's 1 s bound, so only a dump served
+# while the main thread is blocked can pass.
+_BLOCKED_RANK = r"""
+import signal, sys, threading, time
+from datetime import timedelta
+from pathlib import Path
+import torch, torch.distributed as dist
+from torchnext.distributed import flight_recorder as fr
+
+rank, out = int(sys.argv[1]), Path(sys.argv[2])
+fr.enable(fr.FlightRecorderConfig(dump_dir=str(out / "dumps")))
+fr.install_signal_handler(signal.SIGUSR1)
+dist.init_process_group(
+    "gloo", init_method="file://" + str(out / "store"), rank=rank, world_size=2,
+    timeout=timedelta(seconds=120),
+)
+dist.all_reduce(torch.ones(2))
+if rank == 1:
+    (out / "rank1-in-group").touch()
+    threading.Event().wait()
+main = threading.main_thread().ident
+
+def announce_when_blocked():
+    # The main thread is blocked in C code once its innermost Python frame sits in
+    # torch's all_reduce at one instruction for 0.3 s; from then on no Python-level
+    # handler can run on it until the collective ends.
+    seen, since = None, time.monotonic()
+    while True:
+        frame = sys._current_frames().get(main)
+        here = None
+        if frame is not None and frame.f_code.co_name == "all_reduce":
+            here = (id(frame), frame.f_lasti)
+        if here is None or here != seen:
+            seen, since = here, time.monotonic()
+        elif time.monotonic() - since > 0.3:
+            (out / "rank0-blocked").touch()
+            return
+        time.sleep(0.01)
+
+threading.Thread(target=announce_when_blocked, daemon=True).start()
+dist.all_reduce(torch.ones(3))
+(out / "rank0-returned").touch()
+"""
+
+
+def _wait_for(path: Path, procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        for p in procs:
+            if p.poll() is not None:
+                pytest.fail(f"a rank exited with {p.returncode} before {path.name} appeared")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path.name} did not appear within {seconds} s")
+        time.sleep(0.02)
+
+
+def test_sigusr1_dumps_a_rank_blocked_in_a_gloo_collective(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHNEXT_FR_")}
+    logs = [(tmp_path / f"rank{r}.log").open("wb") for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BLOCKED_RANK, str(r), str(tmp_path)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for r, log in enumerate(logs)
+    ]
+    try:
+        _wait_for(tmp_path / "rank1-in-group", procs, 90)
+        _wait_for(tmp_path / "rank0-blocked", procs, 60)
+        os.kill(procs[0].pid, signal.SIGUSR1)
+        sent = time.monotonic()
+        pattern = f"torchnext_fr_rank00000_*_{procs[0].pid}_*_signal{int(signal.SIGUSR1)}.json"
+        found: list[Path] = []
+        while not found and time.monotonic() - sent < 1.0:
+            found = list((tmp_path / "dumps").glob(pattern))
+            time.sleep(0.01)
+        elapsed = time.monotonic() - sent
+        still_blocked = procs[0].poll() is None and not (tmp_path / "rank0-returned").exists()
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+        for log in logs:
+            log.close()
+    rank0_log = (tmp_path / "rank0.log").read_text(errors="replace")[-2000:]
+    assert found, f"no dump {elapsed:.2f} s after SIGUSR1 to the blocked rank; log:\n{rank0_log}"
+    assert still_blocked, "the dump must come while the collective is still blocked"
+    (path,) = found
+    doc = load_dump(path)
+    assert doc["torchnext"]["reason"] == f"signal{int(signal.SIGUSR1)}"
+    states = [(e["profiling_name"], e["collective_seq_id"], e["state"]) for e in doc["entries"]]
+    assert states == [("gloo:all_reduce", 1, "completed"), ("gloo:all_reduce", 2, "started")]
+    assert doc["entries"][1]["input_sizes"] == [[3]]
+
+
+def test_stuck_dump_variable_parses_seconds_and_rejects_bad_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    var = _env.TORCHNEXT_FR_STUCK_DUMP_S
+    monkeypatch.setenv(var.name, "2.5")
+    assert var.get() == timedelta(seconds=2.5)
+    monkeypatch.setenv(var.name, "0")
+    assert var.get() is None  # off
+    for bad in ("-1", "soon", "", "nan", "inf", "1e300"):
+        monkeypatch.setenv(var.name, bad)
+        with pytest.raises(ValueError, match=rf"TORCHNEXT_FR_STUCK_DUMP_S='{bad}' is invalid"):
+            var.get()
+
+
+_PRINT_STUCK = """
+from torchnext.distributed import flight_recorder as fr
+if not fr.is_enabled():
+    fr.enable()
+after = fr.get_recorder().config.stuck_dump_after
+print("stuck:", None if after is None else after.total_seconds())
+"""
+
+
+@pytest.mark.parametrize(
+    ("enable", "value", "expected"),
+    [
+        ("1", None, "60.0"),  # enabled from the environment: the 60 s default
+        ("1", "2.5", "2.5"),
+        ("1", "0", "None"),  # 0 turns the default off
+        ("0", None, "None"),  # enabled in code: no watchdog unless asked for
+        ("0", "7", "7.0"),
+    ],
+)
+def test_stuck_dump_from_the_environment(enable: str, value: str | None, expected: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHNEXT_FR_")}
+    env["TORCHNEXT_FR_ENABLE"] = enable
+    if value is not None:
+        env["TORCHNEXT_FR_STUCK_DUMP_S"] = value
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRINT_STUCK], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == f"stuck: {expected}"
+
+
+def test_bad_stuck_dump_variable_fails_enabling_from_the_environment() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHNEXT_FR_")}
+    env.update(TORCHNEXT_FR_ENABLE="1", TORCHNEXT_FR_STUCK_DUMP_S="5min")
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRINT_STUCK], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0
+    assert "TORCHNEXT_FR_STUCK_DUMP_S='5min' is invalid" in proc.stderr, proc.stderr
+    assert "Fix the value or unset it" in proc.stderr, proc.stderr
 
 
 def test_corrupt_dumps_are_rejected_with_the_file_name(tmp_path: Path) -> None:

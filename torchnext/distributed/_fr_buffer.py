@@ -80,7 +80,8 @@ class FlightRecorderConfig:
     stuck_dump_after: timedelta | None = None
     """If set, a watchdog thread dumps (once per epoch) when an op has been running this
     long: a hang is captured even when the backend's own timeout is far away (gloo's
-    default is 30 minutes)."""
+    default is 30 minutes). ``TORCHNEXT_FR_STUCK_DUMP_S`` sets it for recorders configured
+    from the environment (60 s when ``TORCHNEXT_FR_ENABLE`` turned the recorder on)."""
 
     def __post_init__(self) -> None:
         if self.buffer_size < 1:

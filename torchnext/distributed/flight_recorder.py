@@ -6,7 +6,7 @@ stuck. One call turns it on for the whole process::
 
     from torchnext.distributed import flight_recorder as fr
     fr.enable()                                  # or TORCHNEXT_FR_ENABLE=1
-    fr.install_signal_handler()                  # optional: `kill -USR1 <pid>` dumps
+    fr.install_signal_handler()                  # `kill -USR1 <pid>` dumps, even mid-hang
     ...
     fr.dump()                                    # on demand
 
@@ -14,9 +14,10 @@ Once enabled it records every op of torchnext's groups (through
 :mod:`torchnext.distributed._hooks`) and every plain ``torch.distributed`` collective
 and point-to-point call (through wrappers, any backend: gloo included). It dumps by
 itself when an op fails, times out or is revoked, and when a group it is
-:func:`attach`-ed to is revoked. Dumps are JSON files, one per rank and incident, in
-``TORCHNEXT_FR_DUMP_DIR`` (default ``./torchnext-fr``); read them with
-``torchnext fr analyze DIR`` (:mod:`torchnext.distributed.fr_analyze`).
+:func:`attach`-ed to is revoked; enabled from the environment, also when an op has
+run for ``TORCHNEXT_FR_STUCK_DUMP_S`` seconds (default 60). Dumps are JSON files, one
+per rank and incident, in ``TORCHNEXT_FR_DUMP_DIR`` (default ``./torchnext-fr``); read
+them with ``torchnext fr analyze DIR`` (:mod:`torchnext.distributed.fr_analyze`).
 
 What not to assume: the recorder is process-wide and Python-level (it sees what
 Python calls; a collective issued from C++ only is invisible); timestamps are host
@@ -30,10 +31,9 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any, Protocol
 
-from torchnext.distributed import _fr_patch, _hooks
+from torchnext.distributed import _fr_patch, _fr_signal, _hooks
 from torchnext.distributed._fr_buffer import FlightRecorder, FlightRecorderConfig
 
 __all__ = [
@@ -59,13 +59,27 @@ class _RevocableGroup(Protocol):
     def add_revoke_callback(self, fn: Callable[[Any], None]) -> None: ...
 
 
-def _config_from_env() -> FlightRecorderConfig:
-    from torchnext._env import TORCHNEXT_FR_BUFFER_SIZE, TORCHNEXT_FR_DUMP_DIR, TORCHNEXT_FR_STACKS
+def _config_from_env(*, enabled_from_env: bool = False) -> FlightRecorderConfig:
+    """The ``TORCHNEXT_FR_*`` settings; the stuck-op watchdog defaults on only for env-enabling.
 
+    A job that turns the recorder on with ``TORCHNEXT_FR_ENABLE=1`` changed no code, so
+    nothing else would catch a hang before gloo's 30-minute timeout: it gets the
+    watchdog's 60 s default. Code that calls :func:`enable` keeps no watchdog unless
+    it, or ``TORCHNEXT_FR_STUCK_DUMP_S``, asks for one.
+    """
+    from torchnext._env import (
+        TORCHNEXT_FR_BUFFER_SIZE,
+        TORCHNEXT_FR_DUMP_DIR,
+        TORCHNEXT_FR_STACKS,
+        TORCHNEXT_FR_STUCK_DUMP_S,
+    )
+
+    stuck = TORCHNEXT_FR_STUCK_DUMP_S
     return FlightRecorderConfig(
         buffer_size=TORCHNEXT_FR_BUFFER_SIZE.get(),
         stacks=TORCHNEXT_FR_STACKS.get(),
         dump_dir=TORCHNEXT_FR_DUMP_DIR.get(),
+        stuck_dump_after=stuck.get() if enabled_from_env or stuck.is_set() else None,
     )
 
 
@@ -158,40 +172,33 @@ def attach(group: Any, recorder: FlightRecorder | None = None) -> None:
     group.add_revoke_callback(on_revoke)
 
 
-_installed: dict[int, Any] = {}
-
-
 def install_signal_handler(signum: int = signal.SIGUSR1) -> None:
-    """Dump when the process receives ``signum`` (main thread only; chains earlier handlers).
+    """Dump when the process receives ``signum``, even while its main thread is blocked.
 
-    The handler runs between bytecodes of the main thread, possibly while that thread
-    is inside the recorder; the dump's bounded lock wait keeps it from deadlocking.
+    Call it from the main thread; a second call for the same signal does nothing. The
+    dump (reason ``signal<N>``, the usual file name) is written by a daemon thread that
+    the signal wakes at once, so ``kill -USR1 <pid>`` on a rank stuck inside a gloo
+    collective dumps within milliseconds instead of when the collective times out.
+    The handler installed before is still called, on the main thread, when Python
+    runs handlers there. See :mod:`torchnext.distributed._fr_signal` for the one
+    thing that sends dumps back to the main thread (another owner of the process's
+    signal wakeup fd).
     """
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError(
-            "install_signal_handler: call it from the main thread (Python delivers signals there)"
-        )
-    if signum in _installed:
-        return
-    previous = signal.getsignal(signum)
+    _fr_signal.install(signum, _dump_on_signal)
 
-    def handler(sig: int, frame: FrameType | None) -> None:
-        try:
-            get_recorder().dump(reason=f"signal{sig}")
-        except Exception:  # noqa: BLE001 - a signal handler must not raise into user code
-            logger.exception("flight recorder: dump on signal %d failed", sig)
-        if callable(previous):
-            previous(sig, frame)
 
-    _installed[signum] = previous
-    signal.signal(signum, handler)
+def _dump_on_signal(signum: int) -> None:
+    # Not get_recorder() when a recorder exists: the main thread may hold _lock (on the
+    # main-thread fallback this runs inside it), and the dump must not wait for it.
+    recorder = _recorder if _recorder is not None else get_recorder()
+    recorder.dump(reason=f"signal{signum}")
 
 
 def _maybe_enable_from_env() -> None:
     from torchnext._env import TORCHNEXT_FR_ENABLE
 
     if TORCHNEXT_FR_ENABLE.get() and not _enabled:
-        enable()
+        enable(_config_from_env(enabled_from_env=True))
 
 
 _maybe_enable_from_env()
