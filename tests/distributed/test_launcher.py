@@ -5,12 +5,14 @@ from __future__ import annotations
 import socket
 import sys
 import textwrap
+import threading
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from torchnext.distributed import run_cli
+from torchnext.distributed.agent_store import await_goodbyes, say_goodbye
 from torchnext.distributed.launcher import (
     EVICTED_KEY_PREFIX,
     Agent,
@@ -110,6 +112,27 @@ def test_bug_is_reported_with_traceback_and_not_restarted(tmp_path: Path) -> Non
     assert any("Traceback" in e.message for e in events)
     # The other worker was stopped rather than left sleeping.
     assert {e.member_id for e in agent.exits} == {"n0w0", "n0w1"}
+
+
+def test_bug_in_the_first_slot_stops_the_job_without_an_agent_error(tmp_path: Path) -> None:
+    # Stopping the job while poll() walks the workers must not trip over the ones
+    # that shutdown() already reaped (it raised KeyError).
+    script = _script(
+        tmp_path,
+        """
+        import os, time
+        if os.environ["TORCHNEXT_MEMBER_ID"] == "n0w0":
+            raise ZeroDivisionError("the bug in slot 0")
+        time.sleep(30)
+        """,
+    )
+    rc, events, agent = _run(
+        script, AgentConfig(nproc=3, max_restarts=5, term_grace=timedelta(seconds=2))
+    )
+    assert rc == 1
+    kinds = {e.member_id: e.kind for e in agent.exits}
+    assert kinds == {"n0w0": "raised", "n0w1": "terminated", "n0w2": "terminated"}
+    assert sum("Traceback" in e.message for e in events) == 1
 
 
 def test_evicted_worker_is_killed_and_replaced(tmp_path: Path) -> None:
@@ -237,3 +260,69 @@ def test_multi_node_cli_needs_a_store_endpoint(
     args = parser.parse_args(["--nproc", "1", "--nnodes", "2", _script(tmp_path, "pass\n")])
     assert run_cli.main(args) == 2
     assert "--store-addr" in capsys.readouterr().err
+
+
+def test_host_waits_for_goodbyes_or_silence() -> None:
+    store = host_store("127.0.0.1", 0, timedelta(seconds=5))
+    say_goodbye(store, 1)
+    assert await_goodbyes(store, [1], silence=timedelta(seconds=30)) == []
+    # Node 2 never says goodbye nor shows life: given up on after the silence bound.
+    assert await_goodbyes(store, [1, 2], silence=timedelta(milliseconds=300)) == [2]
+    with pytest.raises(ValueError, match="silence"):
+        await_goodbyes(store, [1], silence=timedelta(seconds=-1))
+
+
+def test_hosting_agent_keeps_the_store_until_the_other_agent_left(tmp_path: Path) -> None:
+    script = _script(tmp_path, "pass\n")
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    addr = f"127.0.0.1:{port}"
+    events0: list[AgentEvent] = []
+    node0 = Agent(
+        [script],
+        AgentConfig(nproc=1, nnodes=2, node_rank=0, store_addr=addr),
+        on_event=events0.append,
+    )
+    node1 = Agent(
+        [script],
+        AgentConfig(nproc=1, nnodes=2, node_rank=1, store_addr=addr),
+        on_event=lambda e: None,
+    )
+    try:
+        node0.start()
+        node1.start()
+        assert node0.run(poll_interval=timedelta(milliseconds=20)) == 0
+        assert node1.run(poll_interval=timedelta(milliseconds=20)) == 0
+        closing = threading.Thread(target=node0.close)
+        closing.start()
+        closing.join(timeout=1.0)
+        assert closing.is_alive(), "node 0 closed the store while node 1 still held it"
+        assert any(e.kind == "detach" and "[1]" in e.message for e in events0)
+        node1.close()  # says goodbye: node 0 may close now
+        closing.join(timeout=10)
+        assert not closing.is_alive()
+        assert node0.store is None and node1.store is None
+    finally:
+        node1.close()
+        node0.close()
+
+
+def test_agent_stops_using_a_store_that_went_away(tmp_path: Path) -> None:
+    script = _script(tmp_path, "import time\ntime.sleep(30)\n")
+    server = host_store("127.0.0.1", 0, timedelta(seconds=5))
+    events: list[AgentEvent] = []
+    config = AgentConfig(
+        nproc=1,
+        nnodes=2,
+        node_rank=1,
+        store_addr=f"127.0.0.1:{server.port}",
+        term_grace=timedelta(seconds=1),
+    )
+    with Agent([script], config, on_event=events.append) as agent:
+        agent.start()
+        assert agent.poll()
+        del server  # the hosting node is gone
+        for _ in range(5):
+            assert agent.poll()
+    lost = [e for e in events if "lost the store" in e.message]
+    assert len(lost) == 1 and config.store_addr in lost[0].message

@@ -2,7 +2,16 @@
 
 An uncaught exception is a *bug*, not a crash: its traceback is written to the file
 named by ``TORCHNEXT_ERROR_FILE`` so the agent can show it and refrain from restarting
-the worker (a restart would raise again). Crashes (signals) leave no such file.
+the worker (a restart would raise again). Crashes (signals) leave no such file. The
+traceback is the one Python would print for the script run directly: it starts at the
+user's script, without this file's and ``runpy``'s frames, and it is printed once, by
+the agent (here only when there is no file to write it to).
+
+At exit, after the script's own exit handlers, every fault-tolerant group the script
+left open is shut down: a group's monitor thread is a daemon that talks to the store,
+and one caught inside a store call when the interpreter finalizes aborts the process
+(``terminate called without an active exception``, SIGABRT), which the agent would
+take for a crash of a worker that had in fact finished.
 Usage: ``python <path of this file> script.py [args]`` or ``... -m package.module [args]``.
 The agent runs this file by path, not with ``-m``, so starting a worker does not import
 ``torchnext.distributed`` (and torch) before the user's script does; ``sys.path[0]`` is
@@ -19,9 +28,11 @@ import sys
 if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
     del sys.path[0]
 
+import atexit  # noqa: E402
 import os  # noqa: E402
 import runpy  # noqa: E402
 import traceback  # noqa: E402
+from types import TracebackType  # noqa: E402
 
 from torchnext._env import TORCHNEXT_ERROR_FILE  # noqa: E402
 
@@ -35,6 +46,9 @@ def main(argv: list[str]) -> int:
     rest = argv[2:] if as_module else argv[1:]
     sys.argv = [target, *rest]
     sys.path.insert(0, "" if as_module else os.path.dirname(os.path.abspath(target)))
+    # Registered before the script runs, so it runs after every handler the script
+    # (or a module it imports) registers: those may still use their groups.
+    atexit.register(_shut_down_groups)
     try:
         if as_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -42,16 +56,47 @@ def main(argv: list[str]) -> int:
             runpy.run_path(target, run_name="__main__")
     except SystemExit:
         raise
-    except BaseException:
-        text = traceback.format_exc()
-        path = TORCHNEXT_ERROR_FILE.get()
-        if path:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        sys.stderr.write(text)
-        sys.stderr.flush()
+    except BaseException as exc:
+        _report(exc)
         return 1
     return 0
+
+
+def _shut_down_groups() -> None:
+    """Stop the groups the script left open, so no monitor thread outlives the interpreter."""
+    module = sys.modules.get("torchnext.distributed.group")
+    if module is None:
+        return  # the script made no group (and this must not import torch)
+    for group in module.live_groups():
+        try:
+            group.shutdown()
+        except Exception:  # noqa: BLE001 - exiting anyway; never mask the exit code
+            pass
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its leading frames of this file and of ``runpy`` (which ran the script)."""
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename == __file__
+        or tb.tb_frame.f_globals.get("__name__") == "runpy"
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _report(exc: BaseException) -> None:
+    text = "".join(traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__)))
+    path = TORCHNEXT_ERROR_FILE.get()
+    if path:
+        try:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError:
+            pass  # no file for the agent to print: print it here instead
+        else:
+            return  # the agent prints it, once, with the worker's exit
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -76,11 +76,16 @@ from torchnext.errors import (
     StoreUnreachableError,
 )
 
-__all__ = ["FaultTolerantGroup", "connect_store"]
+__all__ = ["FaultTolerantGroup", "connect_store", "live_groups"]
 
 logger = logging.getLogger(__name__)
 
 _LIVE_GROUPS: weakref.WeakSet[FaultTolerantGroup] = weakref.WeakSet()
+
+
+def live_groups() -> list[FaultTolerantGroup]:
+    """Every group of this process not yet garbage-collected (shut down or not)."""
+    return list(_LIVE_GROUPS)
 
 
 class _Epoch:

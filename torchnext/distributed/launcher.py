@@ -19,6 +19,11 @@ script on one machine, or as one agent per machine of a multi-node job. The agen
 * kills (SIGKILL) a worker the survivors evicted while it was hung (e.g. SIGSTOPped),
   so that it can be replaced.
 
+On a multi-node job the agents leave the store in order (see
+:mod:`torchnext.distributed.agent_store`): each non-hosting agent says goodbye once
+its workers are done, and the hosting agent keeps the store up, when it closes, until
+every other agent did, or fell silent for ``detach_timeout``.
+
 What not to assume: the agent is a single point of failure for its node's workers
 and, on the node that hosts it, for the store (as torchft's lighthouse is). It never
 leaves a process behind: :meth:`Agent.shutdown` terminates, then kills, every worker.
@@ -28,7 +33,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,7 +50,20 @@ from torchnext._env import (
     TORCHNEXT_STORE_ADDR,
     TORCHNEXT_WORLD_SIZE,
 )
-from torchnext.errors import StoreUnreachableError
+from torchnext.distributed.agent_exits import (
+    EXIT_EVICTED,
+    WorkerExit,
+    classify_exit,
+    exit_message,
+    job_exit_code,
+)
+from torchnext.distributed.agent_store import (
+    announce_alive,
+    await_goodbyes,
+    connect_store,
+    host_store,
+    say_goodbye,
+)
 
 __all__ = [
     "EXIT_EVICTED",
@@ -60,15 +77,14 @@ __all__ = [
     "connect_store",
 ]
 
-EXIT_EVICTED = 75
-"""Exit code of a worker that found itself fenced out of the group (replace it)."""
 EVICTED_KEY_PREFIX = "torchnext/agent/evicted/"
 """Store key prefix the survivors set for a member they evicted (the agent kills it)."""
 FINISHED_KEY = "torchnext/job/finished"
 """Store key set once training finished; late joiners exit instead of waiting."""
 
-ExitKind = Literal["finished", "crashed", "evicted", "raised", "failed", "terminated"]
-EventKind = Literal["store", "started", "exited", "replacing", "gave_up", "evicting", "stopping"]
+EventKind = Literal[
+    "store", "started", "exited", "replacing", "gave_up", "evicting", "stopping", "detach"
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +107,9 @@ class AgentConfig:
     """This agent's index among the agents of a job (member ids are ``n{node}w{i}``)."""
     world_size: int = 0
     """Members of the whole job; 0 means ``nproc`` (a single-node job)."""
+    nnodes: int = 0
+    """Agents of the job; 0 means ``world_size / nproc`` (rounded up) with ``store_addr``,
+    else 1. The hosting agent waits for the other ones to leave before closing the store."""
     log_dir: str = ""
     """Folder for per-worker stdout/stderr logs; empty means workers inherit ours."""
     store_timeout: timedelta = timedelta(seconds=30)
@@ -99,6 +118,9 @@ class AgentConfig:
     """Between SIGTERM and SIGKILL when stopping workers."""
     finish_grace: timedelta = timedelta(seconds=10)
     """After the first worker finishes, how long others may take before being stopped."""
+    detach_timeout: timedelta = timedelta(seconds=30)
+    """Multi-node: how long the hosting agent, when it closes, keeps the store for another
+    agent that has neither said goodbye nor shown a sign of life (see the module docstring)."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """Added to every worker's environment."""
 
@@ -116,38 +138,24 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.store_addr={self.store_addr!r} must be host:port.")
         if self.node_rank < 0:
             raise ValueError(f"AgentConfig.node_rank={self.node_rank} must be >= 0.")
+        if self.nnodes < 0:
+            raise ValueError(f"AgentConfig.nnodes={self.nnodes} must be >= 0 (0: derived).")
+        if self.node_rank >= self.node_count:
+            raise ValueError(
+                f"AgentConfig.node_rank={self.node_rank} must be below the job's "
+                f"{self.node_count} agent(s); pass nnodes (and store_addr) for a multi-node job."
+            )
+        if self.detach_timeout < timedelta(0):
+            raise ValueError(f"AgentConfig.detach_timeout={self.detach_timeout} must be >= 0.")
 
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerExit:
-    """How one worker process ended."""
-
-    member_id: str
-    slot: int
-    pid: int
-    returncode: int
-    kind: ExitKind
-    traceback: str = ""
-    runtime_s: float = 0.0
-
-    def describe(self) -> str:
-        if self.kind == "finished":
-            how = "finished"
-        elif self.kind == "crashed":
-            try:
-                name = signal.Signals(-self.returncode).name
-            except ValueError:
-                name = f"signal {-self.returncode}"
-            how = f"killed by {name}"
-        elif self.kind == "evicted":
-            how = "was evicted by the group (it hung) and exited"
-        elif self.kind == "terminated":
-            how = "was stopped by the agent"
-        elif self.kind == "raised":
-            how = "raised an exception (a bug; not restarted)"
-        else:
-            how = f"exited with code {self.returncode}"
-        return f"worker {self.member_id} (pid {self.pid}) {how} after {self.runtime_s:.1f} s"
+    @property
+    def node_count(self) -> int:
+        """Agents of the job (``nnodes``, or what ``world_size`` and ``nproc`` imply)."""
+        if self.nnodes:
+            return self.nnodes
+        if self.store_addr and self.world_size:
+            return -(-self.world_size // self.nproc)
+        return 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,79 +177,6 @@ class _Worker:
     started: float
     log: IO[bytes] | None
     replacement: bool
-
-
-def host_store(host: str, port: int, timeout: timedelta) -> Any:
-    """A ``TCPStore`` server on ``host:port``; a port in use raises with the fix.
-
-    For an IPv4 address the listening socket is made here, IPv4-only, and handed to the
-    store: torch's own listener is dual-stack, so every client appears as a v4-mapped
-    IPv6 address, which ``/etc/hosts`` does not list, and the server's per-connection
-    reverse lookup of it goes to DNS on the store's event loop. One lost DNS packet then
-    stalls every client's store traffic for the resolver's retry timeout (5 s).
-    """
-    import torch.distributed as dist
-
-    listen_fd: int | None = None
-    try:
-        listen_fd = _ipv4_listener(host, port)
-        if listen_fd is None:
-            return dist.TCPStore(
-                host, port, is_master=True, wait_for_workers=False, timeout=timeout
-            )
-        return dist.TCPStore(
-            host,
-            port,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timeout,
-            master_listen_fd=listen_fd,
-        )
-    except (RuntimeError, OSError) as exc:
-        if listen_fd is not None:
-            os.close(listen_fd)
-        text = str(exc)
-        if "EADDRINUSE" in text or "in use" in text:
-            raise StoreUnreachableError(
-                f"cannot host the store on {host}:{port}: the address is already in use. "
-                "Pass another --store-port (0 picks a free one), or stop the process using it."
-            ) from None
-        raise StoreUnreachableError(f"cannot host the store on {host}:{port}: {text}") from None
-
-
-def _ipv4_listener(host: str, port: int) -> int | None:
-    """A listening IPv4 socket's fd, owned by the caller; None if ``host`` is not IPv4."""
-    addr = "127.0.0.1" if host == "localhost" else host
-    try:
-        socket.inet_aton(addr)
-    except OSError:
-        return None
-    if addr.count(".") != 3:  # inet_aton also accepts shorthands like "127.1"
-        return None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((addr, port))
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        raise  # "Address already in use" is reported by host_store like torch's own error
-    # The store owns the descriptor from here on; the Python object must not close it.
-    return sock.detach()
-
-
-def connect_store(addr: str, timeout: timedelta) -> Any:
-    """A client of the ``TCPStore`` at ``host:port``, bounded by ``timeout``."""
-    import torch.distributed as dist
-
-    host, _, port = addr.rpartition(":")
-    try:
-        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-    except (RuntimeError, OSError, ValueError) as exc:
-        raise StoreUnreachableError(
-            f"cannot reach the store at {addr!r} within {timeout}: {exc}. Check that the "
-            "agent hosting it runs and that host and port are right."
-        ) from None
 
 
 class Agent:
@@ -269,6 +204,12 @@ class Agent:
         self._stopping = False
         self._first_finish: float | None = None
         self._replacement_counter = 0
+        self._hosting = False
+        self._store_lost = False
+        self._detached = False
+        self._next_alive = 0.0
+        self._shown_tracebacks: dict[str, str] = {}
+        """Traceback text -> the member whose exit showed it (each is printed once)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -281,14 +222,17 @@ class Agent:
             port = int(cfg.store_addr.rpartition(":")[2])
             self.store = host_store(cfg.store_host, port, cfg.store_timeout)
             self.store_addr = cfg.store_addr
+            self._hosting = True
             self._emit(
                 "store", f"store listening on {cfg.store_host}:{port} (shared as {cfg.store_addr})"
             )
         elif cfg.store_addr:
             self.store = connect_store(cfg.store_addr, cfg.store_timeout)
             self.store_addr = cfg.store_addr
+            self._announce_alive()
         else:
             self.store = host_store(cfg.store_host, cfg.store_port, cfg.store_timeout)
+            self._hosting = True
             port = int(self.store.port)  # type: ignore[attr-defined]
             self.store_addr = f"{cfg.store_host}:{port}"
             self._emit("store", f"store listening on {self.store_addr}")
@@ -344,15 +288,17 @@ class Agent:
 
     def poll(self) -> bool:
         """Handle exits and evictions once; returns False when no worker is left."""
+        self._announce_alive()
         for slot, worker in list(self.workers.items()):
+            if self.workers.get(slot) is not worker:
+                # An exit handled earlier in this pass stopped the job, and shutdown()
+                # has reaped and reported this worker already.
+                continue
             code = worker.proc.poll()
             if code is None:
                 self._check_evicted(worker)
                 continue
-            del self.workers[slot]
-            if worker.log is not None:
-                worker.log.close()
-            self._handle_exit(worker, code)
+            self._reap(worker, code)
         if self._first_finish is not None and self.workers:
             if time.monotonic() - self._first_finish > self.config.finish_grace.total_seconds():
                 names = ", ".join(w.member_id for w in self.workers.values())
@@ -362,13 +308,42 @@ class Agent:
                 self.shutdown()
         return bool(self.workers)
 
+    def _announce_alive(self) -> None:
+        """A non-hosting agent of a multi-node job shows the hosting one it still runs."""
+        cfg = self.config
+        if self._hosting or self.store is None or self._store_lost or cfg.node_count < 2:
+            return
+        now = time.monotonic()
+        if now < self._next_alive:
+            return
+        # Several beats per detach_timeout, so a busy poll loop is never taken for silence.
+        self._next_alive = now + min(1.0, cfg.detach_timeout.total_seconds() / 4)
+        try:
+            announce_alive(self.store, cfg.node_rank)
+        except Exception as exc:  # noqa: BLE001 - a store failure must not kill the agent
+            self._lost_store(exc)
+
+    def _lost_store(self, exc: BaseException) -> None:
+        # Every later call on a store client whose server is gone fails again and makes
+        # torch print a C++ stack trace, so the agent stops using the store at once.
+        if self._hosting:
+            return  # our own server is up; a failed call is a hiccup, not a loss
+        self._store_lost = True
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self._emit(
+            "store",
+            f"lost the store at {self.store_addr} ({reason}); no more eviction or finish "
+            "checks on this node",
+        )
+
     def _check_evicted(self, worker: _Worker) -> None:
-        if self.store is None:
+        if self.store is None or self._store_lost:
             return
         key = EVICTED_KEY_PREFIX + worker.member_id
         try:
             evicted = self.store.check([key])  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - a store hiccup must not kill the agent
+        except Exception as exc:  # noqa: BLE001 - a store hiccup must not kill the agent
+            self._lost_store(exc)
             return
         if evicted:
             self._emit(
@@ -382,22 +357,23 @@ class Agent:
             except Exception:  # noqa: BLE001
                 pass
 
-    def _handle_exit(self, worker: _Worker, code: int) -> None:
-        runtime = time.monotonic() - worker.started
+    def _reap(self, worker: _Worker, code: int) -> None:
+        """Forget an exited worker and report its exit (exactly once per worker)."""
+        del self.workers[worker.slot]
         tb = ""
         if worker.error_file.exists():
             tb = worker.error_file.read_text(encoding="utf-8", errors="replace")
-            kind: ExitKind = "raised"
-        elif code == 0:
-            kind = "finished"
-        elif self._stopping:
-            kind = "terminated"
-        elif code < 0:
-            kind = "crashed"
-        elif code == EXIT_EVICTED:
-            kind = "evicted"
-        else:
-            kind = "failed"
+        if worker.log is not None:
+            if tb:
+                # The worker left its traceback to us (printed once, below); its log
+                # keeps a copy so that it reads whole.
+                worker.log.write(tb.encode("utf-8", errors="replace"))
+            worker.log.close()
+        self._handle_exit(worker, code, tb)
+
+    def _handle_exit(self, worker: _Worker, code: int, tb: str) -> None:
+        runtime = time.monotonic() - worker.started
+        kind = classify_exit(code, raised=bool(tb), stopping=self._stopping)
         info = WorkerExit(
             member_id=worker.member_id,
             slot=worker.slot,
@@ -408,9 +384,7 @@ class Agent:
             runtime_s=runtime,
         )
         self.exits.append(info)
-        message = info.describe()
-        if tb:
-            message += "\n" + tb.rstrip()
+        message = exit_message(info, self._shown_tracebacks)
         self._emit("exited", message, worker.member_id, info)
         if self._stopping:
             return
@@ -460,9 +434,12 @@ class Agent:
                 )
 
     def _job_finished(self) -> bool:
+        if self.store is None or self._store_lost:
+            return False
         try:
-            return bool(self.store.check([FINISHED_KEY]))  # type: ignore[union-attr]
-        except Exception:  # noqa: BLE001
+            return bool(self.store.check([FINISHED_KEY]))
+        except Exception as exc:  # noqa: BLE001
+            self._lost_store(exc)
             return False
 
     def run(self, poll_interval: timedelta = timedelta(milliseconds=100)) -> int:
@@ -480,10 +457,7 @@ class Agent:
         return self.exit_code()
 
     def exit_code(self) -> int:
-        kinds = [e.kind for e in self.exits]
-        if "raised" in kinds or "finished" not in kinds:
-            return 1
-        return 0
+        return job_exit_code(self.exits)
 
     def signal_worker(self, slot: int, sig: signal.Signals) -> int:
         """Send ``sig`` to the worker in ``slot`` (fault injection); returns its pid."""
@@ -509,15 +483,49 @@ class Agent:
             except subprocess.TimeoutExpired:
                 _signal_group(w.proc, signal.SIGKILL)
                 w.proc.wait(5)
-        for slot, w in list(self.workers.items()):
+        for w in list(self.workers.values()):
             if w.proc.poll() is not None:
-                del self.workers[slot]
-                if w.log is not None:
-                    w.log.close()
-                self._handle_exit(w, int(w.proc.returncode))
+                self._reap(w, int(w.proc.returncode))
+
+    def detach(self) -> None:
+        """Leave the job's store in order, then drop it; idempotent (``close`` calls it).
+
+        On a multi-node job a non-hosting agent says goodbye; the hosting agent waits
+        until every other agent said goodbye, or showed no sign of life for
+        ``detach_timeout``, and only then closes the store. Call after ``shutdown``.
+        """
+        if self._detached:
+            return
+        self._detached = True
+        store, self.store = self.store, None
+        cfg = self.config
+        if store is None or self._store_lost or cfg.node_count < 2:
+            return
+        if self._hosting:
+            others = [r for r in range(cfg.node_count) if r != cfg.node_rank]
+            self._emit(
+                "detach",
+                f"keeping the store until the agents of nodes {others} have left "
+                f"(or been silent for {cfg.detach_timeout})",
+            )
+            silent = await_goodbyes(store, others, silence=cfg.detach_timeout)
+            if silent:
+                self._emit(
+                    "detach",
+                    f"closing the store without a goodbye from nodes {silent}: "
+                    f"no sign of life for {cfg.detach_timeout}",
+                )
+        else:
+            try:
+                say_goodbye(store, cfg.node_rank)
+            except Exception as exc:  # noqa: BLE001 - the host may be gone already
+                self._lost_store(exc)
+        # Dropping the last reference here disconnects the client, or closes the server.
 
     def close(self) -> None:
+        """Stop every worker, leave the store (see :meth:`detach`), remove temporary files."""
         self.shutdown()
+        self.detach()
         self._tmp.cleanup()
 
     def __enter__(self) -> Agent:

@@ -19,6 +19,10 @@ exactly one agent per node, and let the agent start and replace the workers::
         'torchnext run --nproc 8 --nnodes 2 --node-rank "$GROUP_RANK" \
                        --store-addr node0:29600 --store-host 0.0.0.0 train.py'
 
+At the end, node 0's agent keeps the store up until every other agent has said
+goodbye (or has shown no sign of life for 30 s), so no node loses the store while its
+workers are still exiting.
+
 Keep torchrun's own ``--max-restarts`` at 0: it restarts a whole node's workers, which
 is what the agent exists to avoid. The agent on node 0 is a single point of failure
 (it hosts the store), as torchft's lighthouse is.
@@ -78,6 +82,7 @@ def main(args: argparse.Namespace) -> int:
             store_addr=args.store_addr,
             node_rank=args.node_rank,
             world_size=args.nproc * args.nnodes,
+            nnodes=args.nnodes,
             log_dir=args.log_dir,
             store_timeout=timedelta(seconds=30),
         )
