@@ -18,7 +18,12 @@ from torchnext.upgrade import check_paths  # noqa: E402
 OLD = "import torch\n\n\ndef f(A):\n    return torch.cholesky(A, upper=True)\n"
 NEW = "import torch\n\n\ndef f(A):\n    return torch.linalg.cholesky(A, upper=True)\n"
 REPORT_ONLY = "import torch\n\n\ndef f(A):\n    return torch.eig(A)\n"
-UNSAFE_ONLY = "import torch\n\n\ndef f(B):\n    return B.qr()\n"
+# Only an unsafe fix (a None check on a split_group result); a method call on an
+# unknown receiver is no longer reported at all.
+UNSAFE_ONLY = (
+    "import torch.distributed as dist\n\n\n"
+    "def f(r):\n    g = dist.split_group(split_ranks=r)\n    return g is None\n"
+)
 
 
 @pytest.fixture()
@@ -73,12 +78,12 @@ def test_unsafe_fixes_need_the_flag(project: Path, capsys: pytest.CaptureFixture
     (project / "b.py").write_text(UNSAFE_ONLY)
     assert _upgrade("b.py") == 1
     out = capsys.readouterr().out
-    assert "TNU002 " in out and "TNU002 [*]" not in out
+    assert "TNU004 " in out and "TNU004 [*]" not in out
     assert "1 hidden fixes can be enabled with the `--unsafe-fixes` option." in out
     assert _upgrade("--fix", "b.py") == 1
     assert (project / "b.py").read_text() == UNSAFE_ONLY
     assert _upgrade("--fix", "--unsafe-fixes", "b.py") == 0
-    assert "torch.linalg.qr(B)" in (project / "b.py").read_text()
+    assert "g == dist.GroupMember.NON_GROUP_MEMBER" in (project / "b.py").read_text()
 
 
 def test_diff_writes_nothing(project: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,21 +19,14 @@ from libcst.metadata import PositionProvider
 from torchnext.upgrade import fixers_linalg as _fixers_linalg  # noqa: F401  (registers fixers)
 from torchnext.upgrade import fixers_misc as _fixers_misc
 from torchnext.upgrade._cst import dotted_name
+from torchnext.upgrade._nonmember import NEW_GROUP_CALLS, SPLIT_GROUP_CALLS, local_sync_new_group
+from torchnext.upgrade._receivers import TENSOR_ANNOTATIONS, is_tensor_expr, tensor_tuple_call
 from torchnext.upgrade._site import CALL_FIXERS, METHOD_FIXERS, Diagnosis
+from torchnext.upgrade.value_uses import deprecated_name_code
 
 __all__ = ["SiteFinding", "TransformerCore", "noqa_map"]
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+[0-9]+(?:\s*,\s*[A-Za-z]+[0-9]+)*))?", re.I)
-
-# torch functions whose result is a tensor: a receiver built by one is provably a tensor.
-_TENSOR_FACTORIES = frozenset(
-    "randn rand randint randn_like rand_like zeros ones eye empty full tensor as_tensor "
-    "from_numpy arange linspace logspace zeros_like ones_like empty_like full_like stack cat "
-    "matmul mm bmm diag tril triu clone cholesky_solve".split()
-)
-
-# Attributes of a tensor that are tensors themselves.
-_TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag", "data", "grad"})
 
 
 def noqa_map(source: str) -> dict[int, frozenset[str] | None]:
@@ -83,8 +76,10 @@ class _TryFrame:
 @dataclass
 class _Scope:
     tensors: set[str] = field(default_factory=set)
+    others: set[str] = field(default_factory=set)  # bound here to something not a tensor
     split_groups: set[str] = field(default_factory=set)
     profilers: set[str] = field(default_factory=set)
+    is_class: bool = False  # a class body: its names are not visible from its methods
 
 
 class TransformerCore(cst.CSTTransformer):
@@ -115,6 +110,7 @@ class TransformerCore(cst.CSTTransformer):
         self.used_from_imports: set[tuple[str, str, str | None]] = set()
         self.needs_torch_import = False
         self.extra_imports: set[str] = set()
+        self.source_text = source_text
         self.green_contexts = "GreenContext" in source_text or "green_context" in source_text
         self._guards: list[_Guard] = []
         self._tries: list[_TryFrame] = []
@@ -130,6 +126,8 @@ class TransformerCore(cst.CSTTransformer):
         self._unpacked_v: dict[int, str] = {}
         self._svd_fixed: dict[int, str] = {}
         self._line_assigns: set[int] = set()  # values of assignments alone on their line
+        # from-import aliases of deprecated names used as values -> line of the first use
+        self._value_uses: dict[int, int] = {}
         self._method_fixers = {
             name: [f for f in fixers if f.code in active] for name, fixers in METHOD_FIXERS.items()
         }
@@ -189,6 +187,11 @@ class TransformerCore(cst.CSTTransformer):
             bound = asname or name
             self.aliases[bound] = f"{module}.{name}"
             self.from_imports[bound] = (module, name, asname)
+            line = self._value_uses.get(id(alias))
+            code = deprecated_name_code(f"{module}.{name}")
+            if line is not None and code is not None:
+                detail = f"`{bound}` is used without a call at line {line}; replace that use too"
+                self._report(alias, Diagnosis(code, detail=detail))
             if module == "torch._dynamo.backends.tvm" and name in (
                 "tvm_meta_schedule",
                 "tvm_auto_scheduler",
@@ -249,19 +252,107 @@ class TransformerCore(cst.CSTTransformer):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._func_depth += 1
+        self._scopes.append(self._param_scope(node.params))
+
+    def _param_scope(self, params: cst.Parameters) -> _Scope:
+        # Every parameter shadows outer names; only a Tensor-annotated one is a tensor.
         scope = _Scope()
-        for param in [*node.params.params, *node.params.kwonly_params, *node.params.posonly_params]:
-            if param.annotation is not None and self._is_tensor_annotation(
-                param.annotation.annotation
-            ):
+        for param in [*params.params, *params.kwonly_params, *params.posonly_params]:
+            ann = param.annotation
+            if ann is not None and self._is_tensor_annotation(ann.annotation):
                 scope.tensors.add(param.name.value)
-        self._scopes.append(scope)
+            else:
+                scope.others.add(param.name.value)
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                scope.others.add(star.name.value)
+        return scope
+
+    def _push_class_scope(self) -> None:
+        self._scopes.append(_Scope(is_class=True))
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self._scopes.append(self._param_scope(node.params))
+
+    def leave_Lambda(self, original_node: cst.Lambda, updated_node: cst.Lambda) -> cst.Lambda:
+        self._scopes.pop()
+        return updated_node
 
     def _is_tensor_annotation(self, ann: cst.BaseExpression) -> bool:
-        return self.qualify(ann) in ("torch.Tensor", "torch.tensor._Tensor") or (
+        return self.qualify(ann) in TENSOR_ANNOTATIONS or (
             isinstance(ann, cst.SimpleString)
             and ann.value.strip("'\"") in ("Tensor", "torch.Tensor")
         )
+
+    def _bind(self, target: cst.BaseExpression, tensor: bool) -> None:
+        """Record that ``target`` now holds a tensor (or not) in the current scope."""
+        scope = self._scopes[-1]
+        if isinstance(target, cst.Name):
+            (scope.tensors if tensor else scope.others).add(target.value)
+            (scope.others if tensor else scope.tensors).discard(target.value)
+        elif isinstance(target, cst.Tuple | cst.List):
+            for element in target.elements:
+                self._bind(element.value, tensor and not isinstance(element, cst.StarredElement))
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value, False)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target, False)
+
+    def _push_comprehension(self, node: cst.BaseComp | cst.BaseDict) -> None:
+        # The element is visited before its `for`: bind the loop targets first, in a scope
+        # of their own so that they do not hide the outer names after the comprehension.
+        self._scopes.append(_Scope())
+        comp_for: cst.CompFor | None = getattr(node, "for_in", None)
+        while comp_for is not None:
+            self._bind(comp_for.target, False)
+            comp_for = comp_for.inner_for_in
+
+    def _pop_comprehension(self) -> None:
+        self._scopes.pop()
+
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._push_comprehension(node)
+
+    def leave_ListComp(
+        self, original_node: cst.ListComp, updated_node: cst.ListComp
+    ) -> cst.BaseExpression:
+        self._pop_comprehension()
+        return updated_node
+
+    def visit_SetComp(self, node: cst.SetComp) -> None:
+        self._push_comprehension(node)
+
+    def leave_SetComp(
+        self, original_node: cst.SetComp, updated_node: cst.SetComp
+    ) -> cst.BaseExpression:
+        self._pop_comprehension()
+        return updated_node
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        self._push_comprehension(node)
+
+    def leave_DictComp(
+        self, original_node: cst.DictComp, updated_node: cst.DictComp
+    ) -> cst.BaseExpression:
+        self._pop_comprehension()
+        return updated_node
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._push_comprehension(node)
+
+    def leave_GeneratorExp(
+        self, original_node: cst.GeneratorExp, updated_node: cst.GeneratorExp
+    ) -> cst.BaseExpression:
+        self._pop_comprehension()
+        return updated_node
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        if isinstance(node.name, cst.Name | cst.Tuple | cst.List):
+            self._bind(node.name, False)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target, self._is_tensor(node.value))
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if len(node.body) == 1 and isinstance(node.body[0], cst.Assign):
@@ -270,6 +361,12 @@ class TransformerCore(cst.CSTTransformer):
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
         self._bare_exprs.add(id(value))
+        # The value is judged before the targets are rebound (`x = x.double()`).
+        tensor = self._is_tensor(value)
+        tuple_of_tensors = tensor_tuple_call(value, self.qualify)
+        for t in node.targets:
+            single = isinstance(t.target, cst.Name)
+            self._bind(t.target, tensor if single else tuple_of_tensors)
         if not isinstance(value, cst.Call):
             return
         q = self.qualify(value.func)
@@ -289,12 +386,10 @@ class TransformerCore(cst.CSTTransformer):
                 self._unpacked_v[id(value)] = third.value
         if q is None:
             return
-        if q in ("torch.distributed.split_group", "torch.distributed.distributed_c10d.split_group"):
+        if q in SPLIT_GROUP_CALLS or (q in NEW_GROUP_CALLS and local_sync_new_group(value)):
             self._scopes[-1].split_groups.update(targets)
         elif q in _fixers_misc.PROFILERS:
             self._scopes[-1].profilers.update(targets)
-        elif q.startswith("torch.") and q.rsplit(".", 1)[-1] in _TENSOR_FACTORIES:
-            self._scopes[-1].tensors.update(targets)
 
     def visit_WithItem(self, node: cst.WithItem) -> None:
         item = node.item
@@ -310,25 +405,20 @@ class TransformerCore(cst.CSTTransformer):
         return isinstance(node, cst.Name) and any(node.value in s.profilers for s in self._scopes)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if isinstance(node.target, cst.Name) and self._is_tensor_annotation(
-            node.annotation.annotation
-        ):
-            self._scopes[-1].tensors.add(node.target.value)
+        tensor = self._is_tensor_annotation(node.annotation.annotation) or (
+            node.value is not None and self._is_tensor(node.value)
+        )
+        self._bind(node.target, tensor)
+
+    def _is_tensor_name(self, name: str) -> bool:
+        for depth, scope in enumerate(reversed(self._scopes)):  # the innermost binding wins
+            if scope.is_class and depth:
+                continue
+            if name in scope.tensors:
+                return True
+            if name in scope.others:
+                return False
+        return False
 
     def _is_tensor(self, node: cst.BaseExpression) -> bool:
-        if isinstance(node, cst.Name):
-            return any(node.value in s.tensors for s in self._scopes)
-        if isinstance(node, cst.Attribute) and node.attr.value in _TENSOR_ATTRS:
-            return self._is_tensor(node.value)
-        if isinstance(node, cst.Subscript):
-            return self._is_tensor(node.value)
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
-            return self._is_tensor(node.left) or self._is_tensor(node.right)
-        if isinstance(node, cst.Call):
-            q = self.qualify(node.func)
-            return (
-                q is not None
-                and q.startswith("torch.")
-                and q.rsplit(".", 1)[-1] in _TENSOR_FACTORIES
-            )
-        return False
+        return is_tensor_expr(node, self.qualify, self._is_tensor_name)

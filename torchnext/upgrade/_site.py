@@ -49,7 +49,8 @@ class Site:
     receiver: cst.BaseExpression | None = None
     """For Tensor-method forms, the object the method is called on."""
     receiver_is_tensor: bool = False
-    """The receiver is provably a tensor (torch factory call or Tensor-annotated name)."""
+    """The receiver is provably a tensor (see :mod:`._receivers`); Tensor-method fixers
+    run only when it is."""
     wrapper: tuple[str, str | int] | None = None
     """``("index", 0)`` or ``("attr", "solution")`` for tuple-aware calls."""
     used_torch: bool = field(default=False)
@@ -61,7 +62,8 @@ class Site:
 
     @property
     def method_unsafe(self) -> bool:
-        """A method-form fix whose receiver is not proved to be a tensor is unsafe."""
+        """A method-form site whose receiver is not proved to be a tensor (such sites no
+        longer reach Tensor-method fixers; kept for fixers that do not need a tensor)."""
         return self.receiver is not None and not self.receiver_is_tensor
 
 
@@ -74,7 +76,8 @@ class Fixer:
     fn: FixFn
     tuple_aware: bool = False
     needs_tensor: bool = True
-    """Method form: report without a fix only when the receiver is provably a tensor."""
+    """Method form: run only when the receiver is provably a tensor (``False`` for
+    methods of other objects: memory pools, green contexts)."""
 
 
 CALL_FIXERS: dict[str, list[Fixer]] = {}

@@ -1,8 +1,9 @@
 """Rules that need statement, scope or class context rather than one call.
 
-TNU004 (``split_group`` results compared with None), TNU005 (``new_group`` methods of
-ProcessGroup subclasses without ``backend=``) and TNU107 (a bare
-``register_generator_state`` statement, removed).
+TNU004 (``split_group`` / local-sync ``new_group`` results compared with None),
+TNU005 (``new_group`` methods of ProcessGroup subclasses without ``backend=``), TNU107
+(a bare ``register_generator_state`` statement, removed) and the import-site report of
+deprecated names used as values (found by :mod:`.value_uses`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import libcst as cst
 
 from torchnext.upgrade._guards import GuardTracking
 from torchnext.upgrade._site import Diagnosis
+from torchnext.upgrade.value_uses import value_uses
 
 __all__ = ["StructuralRules"]
 
@@ -20,6 +22,10 @@ _STATEMENT_FIX = cst.Name("_")
 
 class StructuralRules(GuardTracking):
     """Adds the statement- and class-level rules to the guard-aware core."""
+
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._value_uses = value_uses(node, self.source_text)
 
     def leave_FunctionDef(
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
@@ -73,11 +79,13 @@ class StructuralRules(GuardTracking):
             if q is not None and q.startswith("torch") and q.rsplit(".", 1)[-1] == "ProcessGroup":
                 is_pg = True
         self._classes.append((is_pg, self._func_depth))
+        self._push_class_scope()
 
     def leave_ClassDef(
         self, original_node: cst.ClassDef, updated_node: cst.ClassDef
     ) -> cst.ClassDef:
         self._classes.pop()
+        self._scopes.pop()
         return updated_node
 
     def leave_SimpleStatementLine(

@@ -32,7 +32,7 @@ _TRIGGERS: dict[str, str] = {
     "TNU001": r"\bcholesky\b",
     "TNU002": r"\bqr\b",
     "TNU003": r"\buse_cuda\b",
-    "TNU004": r"\bsplit_group\b",
+    "TNU004": r"\b(?:split|new)_group\b",
     "TNU005": r"\bnew_group\b",
     "TNU006": r"\bacc_policy\b",
     "TNU007": r"\btvm",

@@ -58,6 +58,12 @@ def _resolve(node: ast.expr, aliases: dict[str, str]) -> str | None:
     return f"{target}.{rest}" if rest else target
 
 
+def _deprecated_name_code(qname: str) -> str | None:
+    from torchnext.upgrade.value_uses import deprecated_name_code as lookup
+
+    return lookup(qname)
+
+
 def may_have_sites(
     source: str, active: frozenset[str], aliases: dict[str, str] | None = None
 ) -> bool:
@@ -82,6 +88,9 @@ def may_have_sites(
                 return True
             for alias in node.names:
                 known[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                # A deprecated name may be used as a value, reported at this import.
+                if _deprecated_name_code(f"{node.module}.{alias.name}") in active:
+                    return True
     split_group = "TNU004" in active
     new_group = "TNU005" in active
     for node in nodes:
@@ -106,6 +115,6 @@ def may_have_sites(
                     return True
         elif split_group and isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             q = _resolve(node.value.func, known)
-            if q is not None and q.endswith(".split_group"):
+            if q is not None and q.endswith((".split_group", ".new_group")):
                 return True
     return False

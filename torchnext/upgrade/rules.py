@@ -86,9 +86,9 @@ RULES: tuple[Rule, ...] = (
         after="U = torch.linalg.cholesky(A, upper=flag, out=U_buf)",
         fix_safety=(
             "Safe: `upper` (literal or not) maps to `torch.linalg.cholesky`'s keyword-only `upper`, "
-            "`input=` becomes the positional matrix, `out=` is kept. The method form is safe when "
-            "the receiver is provably a tensor (a torch factory call or a `Tensor`-annotated name), "
-            "unsafe otherwise. `*args`/`**kwargs` calls are reported only."
+            "`input=` becomes the positional matrix, `out=` is kept. The method form is matched only "
+            "on a receiver provably a tensor (torch call, `Tensor`-annotated name, tensor method "
+            "result); `self` or unknown receivers are left alone. `*args`/`**kwargs`: report only."
         ),
         references=("#186817",),
     ),
@@ -104,7 +104,7 @@ RULES: tuple[Rule, ...] = (
         fix_safety=(
             'Safe: `some=True`/absent is `mode="reduced"` (the default), `some=False` is '
             '`mode="complete"`, a non-literal `some` becomes a conditional expression with the same '
-            "meaning; `out=` is kept. Method form: safe on a provable tensor, unsafe otherwise."
+            "meaning; `out=` is kept. Method form: only on a provable tensor, else not reported."
         ),
         references=("#186815",),
     ),
@@ -135,13 +135,13 @@ RULES: tuple[Rule, ...] = (
         code="TNU004",
         name="split-group-none-check",
         message=(
-            "`split_group()` returns `GroupMember.NON_GROUP_MEMBER`, not None, on non-member ranks "
-            "in torch 2.14"
+            "`split_group()` / `new_group(use_local_synchronization=True)` return "
+            "`GroupMember.NON_GROUP_MEMBER`, not None, on non-member ranks in torch 2.14"
         ),
         fix=FixClass.UNSAFE,
         what=(
             "Finds `g is None`, `g is not None`, `g == None` and `not g` where `g` was assigned "
-            "from `torch.distributed.split_group(...)` in the same function or module."
+            "from `dist.split_group(...)` or `dist.new_group(..., use_local_synchronization=True)`."
         ),
         why="The None check is never true on 2.14, so non-member ranks go on to use the sentinel.",
         before="g = dist.split_group(split_ranks=[[0, 1], [2, 3]])\nif g is None:\n    return",
@@ -503,7 +503,7 @@ RULES: tuple[Rule, ...] = (
         why="A pure rename.",
         before="M = torch.ger(a, b)",
         after="M = torch.outer(a, b)",
-        fix_safety="Safe (method form: safe on a provable tensor, unsafe otherwise).",
+        fix_safety="Safe (method form: only on a provable tensor, else not reported).",
     ),
     _r(
         code="TNU212",

@@ -8,8 +8,10 @@ in source order; a local variable that shadows an imported name is not tracked.
 
 Context it keeps while walking: version guards (``if torch.__version__ ...``,
 ``hasattr(torch, ...)``, ``try/except (TypeError, AttributeError)``: sites inside are
-reported without a fix), names provably holding tensors (for method forms), names
-bound to ``split_group(...)``, and ``ProcessGroup`` subclasses.
+reported without a fix), names provably holding tensors (Tensor-method rules fire
+only on those receivers; ``self`` and objects of unknown type are left alone), names
+bound to ``split_group(...)`` or a locally synchronized ``new_group(...)``, and
+``ProcessGroup`` subclasses.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class UpgradeTransformer(StructuralRules):
         """Run fixers in order on ``site``; return the replacement if any fix was applied."""
         replacement: cst.BaseExpression | None = None
         for fixer in fixers:
+            if method and fixer.needs_tensor and not site.receiver_is_tensor:
+                # Library classes define methods named like removed Tensor methods; a call
+                # on `self` or on an object of unknown type is neither reported nor fixed.
+                continue
             try:
                 diag = fixer.fn(site)
             except Exception as exc:  # one odd site must not stop the file
@@ -44,8 +50,6 @@ class UpgradeTransformer(StructuralRules):
                 )
             if diag is None:
                 continue
-            if method and diag.fix is None and fixer.needs_tensor and not site.receiver_is_tensor:
-                continue  # an unproven receiver with nothing to offer is likely not a tensor
             if diag.code == "TNU003" and self._tries and self._tries[-1].in_body:
                 self._tries[-1].raises_typeerror_214 = True
             if self._report(node, diag):
