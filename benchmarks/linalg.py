@@ -207,6 +207,58 @@ def _bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return bars
 
 
+TORCH_BEST_SLACK = 1.03
+"""A 2-thread cell passes against torch when within 3 % of torch's faster of 1 and 2 threads."""
+OWN_1T_SLACK = 1.05
+"""... and against torchnext when within 5 % of torchnext's own 1-thread time."""
+
+
+def _thread_bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Adds, to each multi-thread row, its comparison against the same cell at 1 thread.
+
+    torch's own multi-thread time varies a lot on small matrices (1.0x-7x its 1-thread
+    time), so comparing against it alone flatters a thread split: each such row is read
+    against torch's best of 1 and t threads and against torchnext's own 1-thread time.
+    """
+    one = {
+        (r["op"], r["variant"], r["family"], r["n"], r["batch"]): r
+        for r in rows
+        if r["threads"] == 1
+    }
+    failed_torch: list[str] = []
+    failed_own: list[str] = []
+    checked = 0
+    for r in rows:
+        for key in (
+            "torch_best_ms",
+            "torchnext_1t_ms",
+            "ratio_vs_torch_best",
+            "ratio_vs_torchnext_1t",
+        ):
+            r.setdefault(key, None)
+        base = one.get((r["op"], r["variant"], r["family"], r["n"], r["batch"]))
+        if r["threads"] == 1 or base is None:
+            continue
+        checked += 1
+        best = min(r["torch_ms"], base["torch_ms"])
+        r["torch_best_ms"] = best
+        r["torchnext_1t_ms"] = base["torchnext_ms"]
+        r["ratio_vs_torch_best"] = best / r["torchnext_ms"]
+        r["ratio_vs_torchnext_1t"] = base["torchnext_ms"] / r["torchnext_ms"]
+        name = f"{r['op']}_{r['variant']}_{r['family']}_{r['n']}_t{r['threads']}"
+        if r["torchnext_ms"] > TORCH_BEST_SLACK * best:
+            failed_torch.append(name)
+        if r["torchnext_ms"] > OWN_1T_SLACK * base["torchnext_ms"]:
+            failed_own.append(name)
+    return {
+        "threads_cells_checked": checked,
+        "vs_torch_best_pass": checked > 0 and not failed_torch,
+        "vs_torch_best_failed": failed_torch,
+        "vs_torchnext_1t_pass": checked > 0 and not failed_own,
+        "vs_torchnext_1t_failed": failed_own,
+    }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="torchnext bench linalg", description=__doc__.split("\n")[0]
@@ -219,7 +271,8 @@ def main(argv: list[str]) -> int:
     dtype = torch.float32
     columns = [
         "op", "variant", "family", "n", "batch", "dtype", "threads", "torchnext_ms", "torch_ms",
-        "speedup", "spread", "orth_neps", "recon_neps", "torch_orth_neps", "torch_recon_neps",
+        "speedup", "torch_best_ms", "torchnext_1t_ms", "ratio_vs_torch_best",
+        "ratio_vs_torchnext_1t", "spread", "orth_neps", "recon_neps", "torch_orth_neps", "torch_recon_neps",
     ]  # fmt: skip
     # --quick writes its own file so that it never overwrites the full run's figures.
     report = Report(name="linalg-quick" if args.quick else "linalg", columns=columns)
@@ -237,7 +290,8 @@ def main(argv: list[str]) -> int:
                 t_orth, t_rec = _accuracy(cell, a, ref(), dtype)
                 tn, tt = timing["torchnext"].median_s, timing["torch"].median_s
                 report.add(
-                    op=cell.op, variant=cell.variant, family=cell.family, n=cell.n,
+                    torch_best_ms=None, torchnext_1t_ms=None, ratio_vs_torch_best=None,
+                    ratio_vs_torchnext_1t=None, op=cell.op, variant=cell.variant, family=cell.family, n=cell.n,
                     batch=cell.batch, dtype="float32", threads=t, torchnext_ms=tn * 1e3,
                     torch_ms=tt * 1e3, speedup=tt / tn,
                     spread=max(timing["torchnext"].spread, timing["torch"].spread),
@@ -246,7 +300,9 @@ def main(argv: list[str]) -> int:
     finally:
         torch.set_num_threads(before)
     bars = _bars(report.rows)
+    thread_bars = _thread_bars(report.rows)
     report.summary = {
+        **thread_bars,
         "bars": bars,
         "bars_passed": sum(1 for b in bars.values() if b["pass"]),
         "bars_total": len(bars),

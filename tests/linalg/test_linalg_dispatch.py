@@ -117,3 +117,68 @@ def test_unrolled_info_and_rank_deficient_completion() -> None:
     assert info.iters.dtype == torch.int32 and bool(info.converged.all())
     L, V, einfo = eigh_unrolled(A + A.mT)
     assert bool(einfo.converged.all())
+
+
+def test_divide_and_conquer_orders_run_unsplit_at_one_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # From n = 26 LAPACK's eigh/svd use divide and conquer, which MKL threads inside each
+    # call: split over 2 threads (or left at torch's 2 threads) they were measured slower
+    # than one call at one thread, so that is the plan; n = 16 keeps the split.
+    from torchnext.linalg.dispatch import LAPACK_DC_MIN_N, lapack_plan
+
+    monkeypatch.setenv("TORCHNEXT_LINALG_THREADS", "2")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for op in ("eigh", "svd"):
+            plan = lapack_plan(Problem(op=op, device=CPU, dtype=torch.float32, n=32, batch=16384))
+            assert (plan.chunks, plan.intra_op_threads) == (1, 1)
+            edge = Problem(op=op, device=CPU, dtype=torch.float32, n=LAPACK_DC_MIN_N, batch=4096)
+            assert lapack_plan(edge).chunks == 1
+            small = Problem(op=op, device=CPU, dtype=torch.float32, n=16, batch=16384)
+            assert lapack_plan(small).chunks == 2
+        qr = lapack_plan(Problem(op="qr", device=CPU, dtype=torch.float32, n=32, batch=16384))
+        assert qr.chunks == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_eigh_svd_at_32_call_torch_once_at_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchnext.linalg.spectral as spectral
+
+    seen: list[int] = []
+    real = spectral.run_batch_split
+
+    def spy(fn: Any, inputs: Any, *, chunks: int) -> Any:
+        seen.append(chunks)
+        return real(fn, inputs, chunks=chunks)
+
+    threads_in_call: list[int] = []
+    real_eigh, real_svd = torch.linalg.eigh, torch.linalg.svd
+
+    def eigh_spy(*args: Any, **kwargs: Any) -> Any:
+        threads_in_call.append(torch.get_num_threads())
+        return real_eigh(*args, **kwargs)
+
+    def svd_spy(*args: Any, **kwargs: Any) -> Any:
+        threads_in_call.append(torch.get_num_threads())
+        return real_svd(*args, **kwargs)
+
+    monkeypatch.setattr(spectral, "run_batch_split", spy)
+    monkeypatch.setattr(torch.linalg, "eigh", eigh_spy)
+    monkeypatch.setattr(torch.linalg, "svd", svd_spy)
+    monkeypatch.setenv("TORCHNEXT_LINALG_THREADS", "2")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        A = torch.randn(1024, 32, 32)
+        L, V = tl.eigh(A + A.mT)
+        U, S, Vh = tl.svd(A)
+        assert torch.get_num_threads() == 2  # restored after each call
+    finally:
+        torch.set_num_threads(before)
+    assert seen == []
+    assert threads_in_call == [1, 1]
+    assert recon_neps(A + A.mT, (V * L[..., None, :]) @ V.mT, torch.float32) <= GATE_RECON
+    assert recon_neps(A, (U * S[..., None, :]) @ Vh, torch.float32) <= GATE_RECON

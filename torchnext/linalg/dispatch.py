@@ -7,6 +7,12 @@ them on a small thread pool. torch's batched CPU linalg loops over the batch on 
 thread and MKL cannot parallelise inside a 4x4..32x32 call, so 2 threads give only
 0.8-1.3x; LAPACK releases the GIL, so chunks on Python threads scale ~1.7-2x.
 
+The split pays only while each chunk's LAPACK call runs on one core. From order
+:data:`LAPACK_DC_MIN_N` on, eigh and svd switch to divide and conquer, which MKL threads
+inside every call; there the chunks' OpenMP teams oversubscribe the cores and the split
+loses to one thread, so :func:`lapack_plan` runs those orders as one call at one
+intra-op thread (torch's own 2-thread kernel is slower still there).
+
 What not to assume: the crossovers below were measured on a 2-core AVX2 x86 VM
 (batch 16384); on other CPUs the unrolled-Jacobi limits may move by a size or two.
 With one thread (``torch.get_num_threads() == 1`` or ``TORCHNEXT_LINALG_THREADS=1``)
@@ -18,8 +24,9 @@ Shape legend: ``B`` flattened batch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -27,7 +34,19 @@ import torch
 
 from torchnext._env import TORCHNEXT_LINALG_THREADS
 
-__all__ = ["Route", "choose", "threads_for", "run_batch_split", "run_batch_split_into", "MIN_CHUNK"]
+__all__ = [
+    "Route",
+    "choose",
+    "threads_for",
+    "LapackPlan",
+    "lapack_plan",
+    "intra_op_threads",
+    "run_batch_split",
+    "run_batch_split_into",
+    "MIN_CHUNK",
+    "LAPACK_DC_MIN_N",
+    "LAPACK_DC_MAX_N",
+]
 
 Route = Literal["unrolled", "jacobi", "triton", "lapack"]
 _T = TypeVar("_T")
@@ -37,6 +56,19 @@ MIN_CHUNK = 512
 
 _UNROLL_MIN_BATCH = 2048
 """Below this the unrolled route's fixed ~3 us/op Python cost loses to LAPACK."""
+
+LAPACK_DC_MIN_N = 26
+"""Smallest order at which LAPACK's eigh (xSTEDC) and svd (xBDSDC) leave their direct
+solver for divide and conquer (LAPACK's SMLSIZ = 25), the stage MKL threads inside each
+call. On small matrices that OpenMP team only costs: measured (2-core VM, float32,
+batch 2048-16384, n = 28, 32, 48, 64) torch at 2 threads took 3.7-7.5x its 1-thread
+time, and the 2-way batch split (each chunk's call starting its own team: four threads
+on two cores) 1.0-1.9x the 1-thread time. At n = 16 and 24 both tie or win: 2 threads
+equal 1 thread and the split is 1.8-2.2x faster."""
+
+LAPACK_DC_MAX_N = 64
+"""Largest order for which one intra-op thread was measured to beat both the split and
+torch's own threading; above it the split is kept (not measured to lose there)."""
 
 # Largest n for which the unrolled CPU Jacobi beats LAPACK (measured, batch >= 2048).
 _UNROLL_MAX_N: dict[tuple[str, torch.dtype], int] = {
@@ -117,6 +149,64 @@ def threads_for(device: torch.device, batch: int) -> int:
         return 1
     want = TORCHNEXT_LINALG_THREADS.get() or torch.get_num_threads()
     return max(1, min(want, batch // MIN_CHUNK))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LapackPlan:
+    """How a LAPACK-route call runs on its batch."""
+
+    chunks: int
+    """Contiguous chunks run on the thread pool (1: one call on the calling thread)."""
+    intra_op_threads: int | None
+    """torch's intra-op thread count for the call(s); ``None`` keeps the caller's."""
+
+
+def lapack_plan(problem: Problem) -> LapackPlan:
+    """How to run ``problem`` on the LAPACK route: split, or one call at one thread.
+
+    eigh/svd orders in ``[LAPACK_DC_MIN_N, LAPACK_DC_MAX_N]`` on a multi-threaded CPU run
+    as one call at one intra-op thread: splitting them, or leaving MKL its threads, was
+    measured slower than that (see :data:`LAPACK_DC_MIN_N`). Everything else keeps
+    :func:`threads_for`'s split, where every chunk's call is GIL-free single-core work.
+    """
+    dc = problem.op in ("eigh", "svd") and LAPACK_DC_MIN_N <= problem.n <= LAPACK_DC_MAX_N
+    if problem.device.type == "cpu" and dc:
+        return LapackPlan(chunks=1, intra_op_threads=1 if torch.get_num_threads() > 1 else None)
+    return LapackPlan(chunks=threads_for(problem.device, problem.batch), intra_op_threads=None)
+
+
+_THREADS_LOCK = threading.Lock()
+_THREADS_HOLDERS = 0
+_THREADS_BEFORE = 0
+
+
+@contextmanager
+def intra_op_threads(count: int | None) -> Iterator[None]:
+    """Run the block with torch's intra-op thread count at ``count`` (``None``: as is).
+
+    torch's setting is process-wide, so overlapping blocks from several threads share
+    one change: the first to enter records the caller's count and the last to leave
+    restores it (restoring per block could leave the process at ``count`` for good).
+    """
+    global _THREADS_HOLDERS, _THREADS_BEFORE
+    if count is None:
+        yield
+        return
+    if count < 1:
+        raise ValueError(f"intra_op_threads: count={count} must be >= 1 or None")
+    with _THREADS_LOCK:
+        if _THREADS_HOLDERS == 0:
+            _THREADS_BEFORE = torch.get_num_threads()
+            if _THREADS_BEFORE != count:
+                torch.set_num_threads(count)
+        _THREADS_HOLDERS += 1
+    try:
+        yield
+    finally:
+        with _THREADS_LOCK:
+            _THREADS_HOLDERS -= 1
+            if _THREADS_HOLDERS == 0 and torch.get_num_threads() != _THREADS_BEFORE:
+                torch.set_num_threads(_THREADS_BEFORE)
 
 
 _POOL_LOCK = threading.Lock()

@@ -22,7 +22,15 @@ import torch
 
 from torchnext.linalg._checks import check_dtype, check_finite, check_matrix, check_square
 from torchnext.linalg._out import EighResult, SVDResult, torch_result, write_out
-from torchnext.linalg.dispatch import Problem, Route, choose, run_batch_split, threads_for
+from torchnext.linalg.dispatch import (
+    LapackPlan,
+    Problem,
+    Route,
+    choose,
+    intra_op_threads,
+    lapack_plan,
+    run_batch_split,
+)
 
 __all__ = ["eigh", "svd", "plain_torch_needed"]
 
@@ -40,11 +48,15 @@ def plain_torch_needed(A: torch.Tensor) -> bool:
     return bool(torch._C._are_functorch_transforms_active())
 
 
-def _run(route: Route, fn: Fn, a_BXY: torch.Tensor) -> list[torch.Tensor]:
+_DIRECT = LapackPlan(chunks=1, intra_op_threads=None)
+"""A plain ``torch.linalg`` call as the caller set it up (autograd, compile, vmap)."""
+
+
+def _run(route: Route, plan: LapackPlan, fn: Fn, a_BXY: torch.Tensor) -> list[torch.Tensor]:
     # Only LAPACK batches are split over threads: a LAPACK call releases the GIL for the
     # whole chunk, while the unrolled route is thousands of small torch ops whose Python
     # dispatch holds it, so two threads only contend (measured 1.4-1.7x slower).
-    chunks = threads_for(a_BXY.device, a_BXY.shape[0]) if route == "lapack" else 1
+    chunks = plan.chunks if route == "lapack" else 1
     return run_batch_split(fn, [a_BXY], chunks=chunks)
 
 
@@ -67,21 +79,22 @@ def eigh(
     if UPLO not in ("L", "U"):
         raise RuntimeError(f"Expected UPLO argument to be 'L' or 'U', but got {UPLO}")
     _check_method(fn_name, method)
+    plan = _DIRECT
     if plain_torch_needed(A):
         route: Route = "lapack"
     else:
-        route = choose(
-            Problem(op="eigh", device=A.device, dtype=A.dtype, n=A.shape[-1], batch=_batch(A)),
-            method,
-        )
-    if route == "lapack" and (plain_torch_needed(A) or threads_for(A.device, _batch(A)) == 1):
-        res = torch.linalg.eigh(A, UPLO=UPLO)
+        problem = Problem(op="eigh", device=A.device, dtype=A.dtype, n=A.shape[-1], batch=_batch(A))
+        route = choose(problem, method)
+        plan = lapack_plan(problem)
+    if route == "lapack" and plan.chunks == 1:
+        with intra_op_threads(plan.intra_op_threads):
+            res = torch.linalg.eigh(A, UPLO=UPLO)
         L, V = res.eigenvalues, res.eigenvectors
     else:
         n = A.shape[-1]
         lower = UPLO == "L"
         fn = _eigh_fn(route, lower)
-        L_BN, V_BNN = _run(route, fn, A.reshape(-1, n, n))
+        L_BN, V_BNN = _run(route, plan, fn, A.reshape(-1, n, n))
         L, V = L_BN.reshape(*A.shape[:-1]), V_BNN.reshape(A.shape)
     if out is not None:
         write_out(fn_name, out, (L, V))
@@ -126,25 +139,27 @@ def svd(
     _check_method(fn_name, method)
     m, n = A.shape[-2], A.shape[-1]
     k = min(m, n)
+    plan = _DIRECT
     if plain_torch_needed(A):
         route: Route = "lapack"
     else:
-        route = choose(
-            Problem(op="svd", device=A.device, dtype=A.dtype, n=k, batch=_batch(A)), method
-        )
+        problem = Problem(op="svd", device=A.device, dtype=A.dtype, n=k, batch=_batch(A))
+        route = choose(problem, method)
+        plan = lapack_plan(problem)
     if route == "triton" and max(m, n) > 32:
         route = "jacobi" if method == "jacobi" else "lapack"  # the kernel holds <= 32 rows
     if full_matrices and m != n and route != "lapack":
         route = "lapack"  # Jacobi yields the reduced factors; completing them costs a QR anyway
     check_finite(fn_name, A)
-    if route == "lapack" and (plain_torch_needed(A) or threads_for(A.device, _batch(A)) == 1):
-        res = torch.linalg.svd(A, full_matrices=full_matrices, driver=driver)
+    if route == "lapack" and plan.chunks == 1:
+        with intra_op_threads(plan.intra_op_threads):
+            res = torch.linalg.svd(A, full_matrices=full_matrices, driver=driver)
         U, S, Vh = res.U, res.S, res.Vh
     else:
         wide = m < n
         a_BMN = (A.mH if wide else A).reshape(-1, max(m, n), k)
         fn = _svd_fn(route, full_matrices, driver)
-        U_, S_, Vh_ = _run(route, fn, a_BMN)
+        U_, S_, Vh_ = _run(route, plan, fn, a_BMN)
         if wide:
             U_, Vh_ = Vh_.mH, U_.mH
         batch = A.shape[:-2]
