@@ -9,6 +9,7 @@ directly), and the 2.14 error contracts are compared message for message.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -172,3 +173,102 @@ def test_semantics_lower_triangle_clamp_and_nan(run_on_torch213: Callable[[str],
                     assert n_v != n_v  # NaN on both sides
                 else:
                     assert abs(n_v - t_v) <= 1e-6
+
+
+# Jacobians on general (non-Hermitian, non-symmetric) inputs. For the factors fixed
+# only up to sign or phase, gauge-invariant functions are compared: values,
+# U diag(S) Vh, projectors U U^H, Q R. Complex inputs are seen as pairs of reals.
+_JACOBIAN_PROGRAM = """
+import json, torch
+import torchnext.linalg as tl
+from torchnext.linalg import compat214
+cases = json.loads({payload!r})
+def dec(o):
+    dt = getattr(torch, o["dtype"].split(".")[-1])
+    r = torch.tensor(o["re"], dtype=torch.float64)
+    return (torch.complex(r, torch.tensor(o["im"], dtype=torch.float64)) if "im" in o else r).to(dt)
+{functions}
+def jac(fn, A):
+    if A.is_complex():
+        g = lambda x: torch.view_as_real(fn(torch.view_as_complex(x)))
+        return torch.autograd.functional.jacobian(g, torch.view_as_real(A))
+    return torch.autograd.functional.jacobian(fn, A)
+out = []
+for case in cases:
+    fn = FUNCTIONS[case["fn"]](tl, compat214)
+    out.append(jac(fn, dec(case["A"])).flatten().tolist())
+print(json.dumps(out))
+"""
+
+# One source for both sides: `lib` is torchnext.linalg (2.13) or torch.linalg (2.14.1),
+# `top` is compat214 (2.13) or torch.linalg (2.14.1).
+_FUNCTIONS = """
+def _eigh(lib, uplo):
+    return lambda a: torch.cat([lib.eigh(a, UPLO=uplo)[0].to(a.dtype).flatten(),
+                                (lambda V: V[..., :2] @ V[..., :2].mH)(lib.eigh(a, UPLO=uplo)[1]).flatten()])
+def _svd(lib):
+    def f(a):
+        U, S, Vh = lib.svd(a, full_matrices=False)
+        return torch.cat([S.to(a.dtype).flatten(), ((U * S[..., None, :].to(U.dtype)) @ Vh).flatten(),
+                          (U[..., :2] @ U[..., :2].mH).flatten()])
+    return f
+def _qr(lib):
+    return lambda a: torch.cat([(lambda q, r: torch.cat([(q @ r).flatten(), r.flatten()]))(*lib.qr(a))])
+FUNCTIONS = {{
+    "polar": lambda lib, top: (lambda a: torch.cat([t.flatten() for t in top.polar(a)])),
+    "matrix_sqrth": lambda lib, top: top.matrix_sqrth,
+    "eigh_L": lambda lib, top: _eigh(lib, "L"),
+    "eigh_U": lambda lib, top: _eigh(lib, "U"),
+    "svd": lambda lib, top: _svd(lib),
+    "qr": lambda lib, top: _qr(lib),
+    "cholesky": lambda lib, top: lib.cholesky,
+    "cholesky_upper": lambda lib, top: (lambda a: lib.cholesky(a, upper=True)),
+}}
+"""
+
+
+def _jacobian_cases() -> list[dict[str, Any]]:
+    gen = torch.Generator().manual_seed(5)
+    cases = []
+    for dtype in (torch.float64, torch.complex128):
+        X = torch.randn(2, 4, 4, dtype=dtype, generator=gen)
+        # distinct eigenvalues, positive definite, then a non-Hermitian perturbation
+        spd = X @ X.mH / 4 + torch.diag(torch.arange(1.0, 5.0, dtype=torch.float64)).to(dtype)
+        general = spd + 0.1 * torch.randn(2, 4, 4, dtype=dtype, generator=gen)
+        tall = torch.randn(2, 5, 3, dtype=dtype, generator=gen)
+        for fn in ("matrix_sqrth", "eigh_L", "eigh_U", "cholesky", "cholesky_upper"):
+            cases.append({"fn": fn, "A": _encode(general)})
+        for fn in ("polar", "svd", "qr"):
+            cases.append({"fn": fn, "A": _encode(tall)})
+            cases.append({"fn": fn, "A": _encode(general)})
+    return cases
+
+
+def test_jacobians_match_native_on_general_inputs(run_on_torch213: Callable[[str], Any]) -> None:
+    cases = _jacobian_cases()
+    program = _JACOBIAN_PROGRAM.format(
+        payload=json.dumps(cases), functions=textwrap.dedent(_FUNCTIONS).format()
+    )
+    theirs = run_on_torch213(program)
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(textwrap.dedent(_FUNCTIONS).format(), namespace)  # noqa: S102 - the same source as the 2.13 side
+    assert len(theirs) == len(cases)
+    for case, got in zip(cases, theirs, strict=True):
+        A = _decode(case["A"])
+        fn = namespace["FUNCTIONS"][case["fn"]](torch.linalg, torch.linalg)
+        if A.is_complex():
+
+            def real_fn(x: torch.Tensor, fn: Any = fn) -> torch.Tensor:
+                return torch.view_as_real(fn(torch.view_as_complex(x)))
+
+            ref = torch.autograd.functional.jacobian(real_fn, torch.view_as_real(A))
+        else:
+            ref = torch.autograd.functional.jacobian(fn, A)
+        ours = torch.tensor(got, dtype=torch.float64)
+        torch.testing.assert_close(
+            ours,
+            ref.flatten(),  # type: ignore[union-attr]
+            rtol=1e-7,
+            atol=1e-12,
+            msg=lambda m, where=f"{case['fn']} on {tuple(A.shape)} {A.dtype}": f"{where}: {m}",
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -37,12 +39,49 @@ def test_matrix_sqrth_gradcheck(method: str, dtype: torch.dtype) -> None:
     )  # type: ignore[arg-type]
 
 
-def test_matrix_sqrth_gradient_is_that_of_the_lower_triangle() -> None:
-    # The function reads only the lower triangle, so a raw (non-symmetric) gradcheck
-    # must pass too: the upper triangle gets zero gradient.
-    a = torch.randn(3, 3, dtype=torch.float64)
-    base = (a @ a.mT + torch.eye(3, dtype=torch.float64)).requires_grad_()
-    assert gradcheck(lambda A: tl.matrix_sqrth(A), (base,))
+def _jacobian(fn: Callable[[torch.Tensor], torch.Tensor], A: torch.Tensor) -> torch.Tensor:
+    """d fn / d A, with complex tensors seen as pairs of reals (so the Jacobian is real)."""
+    if not A.is_complex():
+        return torch.autograd.functional.jacobian(fn, A)  # type: ignore[return-value]
+
+    def real_fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(fn(torch.view_as_complex(x)))
+
+    return torch.autograd.functional.jacobian(real_fn, torch.view_as_real(A))  # type: ignore[return-value]
+
+
+def _sqrt_of_hermitian_part(x: torch.Tensor) -> torch.Tensor:
+    lam, Q = torch.linalg.eigh(0.5 * (x + x.mH))
+    return (Q * lam.sqrt()[..., None, :].to(Q.dtype)) @ Q.mH
+
+
+@pytest.mark.parametrize("method", ["auto", "eigh", "newton_schulz"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_matrix_sqrth_gradient_of_a_general_input_is_hermitian_as_in_214(
+    method: str, dtype: torch.dtype
+) -> None:
+    # torch 2.14's matrix_sqrth reads the lower triangle, but its gradient is the
+    # Hermitian representer (as eigh's is): the Hermitian part of the gradient with
+    # respect to the Hermitian matrix it read. A gradient on the lower triangle only
+    # would make a learned symmetric matrix non-symmetric after one step.
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(2, 4, 4, dtype=dtype, generator=gen)
+    spd = X @ X.mH / 4 + torch.eye(4, dtype=dtype)
+    A = spd + 0.1 * torch.randn(2, 4, 4, dtype=dtype, generator=gen)  # not Hermitian
+    lower = torch.ones(4, 4, dtype=torch.bool).tril()
+    H = torch.where(lower, A, A.mH)
+    H.diagonal(dim1=-2, dim2=-1).copy_(H.diagonal(dim1=-2, dim2=-1).real)
+    ours = _jacobian(lambda a: tl.matrix_sqrth(a, method=method), A)  # type: ignore[arg-type,return-value]
+    reference = _jacobian(_sqrt_of_hermitian_part, H)
+    torch.testing.assert_close(ours, reference, rtol=1e-7, atol=1e-12)
+
+    A_param = A.clone().requires_grad_()
+    G = torch.randn(2, 4, 4, dtype=dtype, generator=gen)
+    (tl.matrix_sqrth(A_param, method=method) * G.conj()).real.sum().backward()  # type: ignore[union-attr]
+    grad = A_param.grad
+    if grad is None:
+        raise AssertionError("matrix_sqrth produced no gradient")
+    torch.testing.assert_close(grad, grad.mH, rtol=0, atol=1e-13)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])

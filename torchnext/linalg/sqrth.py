@@ -57,6 +57,20 @@ def _hermitian_from_lower(A: torch.Tensor) -> torch.Tensor:
     return herm
 
 
+def _with_hermitian_gradient(herm: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """``herm``'s value with the gradient torch 2.14 gives ``A``: the Hermitian part of ``herm``'s.
+
+    Reading the lower triangle with autograd would put the whole gradient there (zeros
+    above the diagonal, doubled below), so a gradient step on a learned symmetric matrix
+    would make it non-symmetric. Native ``matrix_sqrth``, like ``eigh``, returns the
+    Hermitian representer instead: ``dA = (G + G^H) / 2`` for the gradient ``G`` with
+    respect to the Hermitian matrix. ``sym - sym.detach()`` is zero in the forward and
+    routes exactly that into ``A`` in the backward (and in forward-mode AD).
+    """
+    sym = 0.5 * (A + A.mH)
+    return herm.detach() + (sym - sym.detach())
+
+
 def _eigh_sqrt(a_BNN: torch.Tensor, check_pd: bool) -> torch.Tensor:
     from torchnext.linalg.spectral import eigh
 
@@ -135,10 +149,12 @@ def matrix_sqrth(
         )
     n = A.shape[-1]
     grad = torch.is_grad_enabled() and A.requires_grad
-    # eigh reads the lower triangle by itself; the other routes (and the backward,
-    # whose gradient must land on the lower triangle only) need the Hermitian matrix.
+    # eigh reads the lower triangle by itself; the other routes (and the backward)
+    # need the Hermitian matrix.
     needs_herm = grad or method == "newton_schulz"
     herm = _hermitian_from_lower(A) if needs_herm else A
+    if grad:
+        herm = _with_hermitian_gradient(herm, A)
     traced = torch.compiler.is_compiling() or bool(torch._C._are_functorch_transforms_active())
     if A.numel() == 0 or traced:
         lam, Q = torch.linalg.eigh(herm)
