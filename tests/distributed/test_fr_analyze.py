@@ -225,3 +225,57 @@ def test_members_renumbered_by_a_new_epoch_are_matched_by_group_rank(tmp_path: P
     ]
     e0 = by_group["g"]
     assert [f.kind for f in e0.findings] == ["missing_dump"]  # member 1 died in epoch 0
+
+
+def _two_group_worker(ctx: WorkerContext, dump_dir: str, swapped: tuple[int, ...]) -> str:
+    import torch
+    import torch.distributed as dist
+
+    from torchnext.distributed import flight_recorder as fr
+
+    fr.enable(fr.FlightRecorderConfig(dump_dir=dump_dir))
+    store = dist.PrefixStore("fr-cross", ctx.store)
+    dist.init_process_group(
+        "gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=timedelta(seconds=3)
+    )
+    other = dist.new_group(list(range(ctx.world_size)))
+    x = torch.ones(8)
+    dist.all_reduce(x)
+    dist.all_reduce(x, group=other)  # both groups work once, in the same order
+    first, second = (other, None) if ctx.rank in swapped else (None, other)
+    outcome = "completed"
+    try:
+        dist.all_reduce(x, group=first)
+        dist.all_reduce(x, group=second)
+    except Exception as exc:  # noqa: BLE001 - the timeout is the expected outcome
+        outcome = type(exc).__name__
+    fr.dump(reason="end")
+    return outcome
+
+
+@pytest.mark.parametrize(("swapped", "ambiguous"), [((2,), False), ((2, 3), True)])
+def test_cross_group_order_is_one_deadlock_naming_the_minority(
+    tmp_path: Path, swapped: tuple[int, ...], ambiguous: bool
+) -> None:
+    world = 4 if ambiguous else 3
+    dump_dir = tmp_path / "dumps"
+    with MultiProcessHarness(world) as harness:
+        result = harness.run(
+            _two_group_worker, str(dump_dir), swapped, timeout=timedelta(seconds=60)
+        )
+    assert all(r.outcome == "returned" for r in result), result.describe()
+    report = analyze(dump_dir)
+    deadlocks = [f for f in report.findings if f.kind == "deadlock"]
+    assert len(deadlocks) == 1, report.format_text()
+    (dl,) = deadlocks
+    names = sorted(g.name for g in report.groups)
+    assert sorted(dl.group.split("+")) == names and len(names) == 2
+    # Collective 2 of the world group and collective 2 of the other group.
+    assert sorted(seq for _, seq in dl.ops) == [2, 2]
+    assert dl.ambiguous is ambiguous
+    # No majority: the lowest rank's order (world group first) is taken as expected.
+    assert dl.culprits == swapped
+    # The deadlock replaces the per-group "missing" findings that blamed every rank.
+    assert not [f for f in report.findings if f.kind == "missing"], report.format_text()
+    assert "deadlock across groups" in report.format_text()
+    assert report.to_json()["cross_group_findings"][0]["culprits"] == list(swapped)

@@ -13,6 +13,10 @@ lines up each group's collectives by sequence number across ranks and reports:
   on, the collective it never joined (``crash`` when the others saw the connection drop);
 * ``stuck``: ranks whose op never completed (started, timed out) — who waits where;
 * ``p2p_mismatch``: sends and receives between a pair of ranks that do not pair up;
+* ``deadlock``: ranks that entered collectives of two groups in different orders, so
+  each waits in one group for ranks waiting in the other (one finding for all the
+  groups involved, in :attr:`Analysis.cross_group`; see
+  :mod:`torchnext.distributed.fr_crossgroup`), replacing those groups' ``missing``;
 * the first divergence of each group (the earliest collective with a problem).
 
 What not to assume: the majority rule can blame the wrong rank when half the ranks
@@ -25,57 +29,19 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchnext.distributed._fr_format import fr_op_name, load_dump
+from torchnext.distributed.fr_crossgroup import find_deadlocks
+from torchnext.distributed.fr_report import Finding, GroupReport, RankDump, finding_json, ranges
 from torchnext.errors import FlightRecorderDumpError
 
 __all__ = ["Finding", "GroupReport", "RankDump", "Analysis", "analyze", "load_dumps"]
 
 _STUCK_STATES = frozenset({"started", "scheduled", "timed_out"})
 _CRASH_WORDS = ("connection", "closed", "reset", "broken pipe", "eof", "dead", "exited", "killed")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem: its kind, where (group, collective), who is to blame and why."""
-
-    kind: str
-    group: str
-    seq: int | None
-    op: str
-    culprits: tuple[int, ...]
-    message: str
-    expected: str = ""
-    found: str = ""
-    ambiguous: bool = False
-
-
-@dataclass
-class RankDump:
-    rank: int
-    path: Path
-    doc: dict[str, Any]
-
-    @property
-    def time_ns(self) -> int:
-        meta = self.doc.get("torchnext") or {}
-        return int(meta.get("time_ns", 0))
-
-
-@dataclass
-class GroupReport:
-    name: str
-    desc: str
-    ranks: tuple[int, ...]
-    dumped: tuple[int, ...]
-    last_seq: dict[int, int]
-    first_divergence: int | None = None
-    findings: list[Finding] = field(default_factory=list)
-    dump_of: dict[int, int] = field(default_factory=dict)
-    """Member rank -> key in :attr:`Analysis.dumps` of the dump that speaks for it."""
 
 
 @dataclass
@@ -85,10 +51,12 @@ class Analysis:
     bad_files: list[tuple[Path, str]]
     groups: list[GroupReport]
     superseded: list[Path] = field(default_factory=list)
+    cross_group: list[Finding] = field(default_factory=list)
+    """Findings that span groups (``deadlock``)."""
 
     @property
     def findings(self) -> list[Finding]:
-        return [f for g in self.groups for f in g.findings]
+        return [f for g in self.groups for f in g.findings] + self.cross_group
 
     @property
     def ok(self) -> bool:
@@ -109,42 +77,35 @@ class Analysis:
                     "dumped_ranks": list(g.dumped),
                     "last_seq": {str(r): s for r, s in g.last_seq.items()},
                     "first_divergence": g.first_divergence,
-                    "findings": [_finding_json(f) for f in g.findings],
+                    "findings": [finding_json(f) for f in g.findings],
                 }
                 for g in self.groups
             ],
-            "findings": [_finding_json(f) for f in self.findings],
+            "cross_group_findings": [finding_json(f) for f in self.cross_group],
+            "findings": [finding_json(f) for f in self.findings],
         }
 
     def format_text(self) -> str:
         lines = [
             f"flight-recorder analysis of {self.directory}: {len(self.dumps)} dump(s) "
-            f"(ranks {_ranges(sorted(self.dumps))}), {len(self.bad_files)} unreadable"
+            f"(ranks {ranges(sorted(self.dumps))}), {len(self.bad_files)} unreadable"
         ]
         for _path, err in self.bad_files:
             lines.append(f"  [unreadable] {err}")
         for g in self.groups:
             status = "OK" if not g.findings else "PROBLEM"
-            lines.append(f"group {g.name} ({g.desc}), ranks [{_ranges(list(g.ranks))}]: {status}")
+            lines.append(f"group {g.name} ({g.desc}), ranks [{ranges(list(g.ranks))}]: {status}")
             if g.first_divergence is not None:
                 lines.append(f"  first divergence: collective {g.first_divergence}")
             for f in g.findings:
                 lines.append(f"  [{f.kind}] {f.message}")
+        for f in self.cross_group:
+            lines.append(f"groups {f.group}: PROBLEM\n  [{f.kind}] {f.message}")
         lines.append(
             "result: "
             + ("no problem found" if self.ok else f"{len(self.findings)} problem(s) found")
         )
         return "\n".join(lines)
-
-
-def _finding_json(f: Finding) -> dict[str, Any]:
-    d = asdict(f)
-    d["culprits"] = list(f.culprits)
-    return d
-
-
-def _ranges(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks) if ranks else "none"
 
 
 _RANK_IN_NAME = re.compile(r"rank(\d+)|(\d+)$")
@@ -273,7 +234,39 @@ def analyze(directory: str | Path) -> Analysis:
         _analyze_group(name, info["desc"], info["ranks"], dumps)
         for name, info in sorted(groups.items())
     ]
-    return Analysis(Path(directory), dumps, bad, reports, superseded)
+    cross = _deadlocks(reports, dumps)
+    return Analysis(Path(directory), dumps, bad, reports, superseded, cross)
+
+
+def _deadlocks(reports: list[GroupReport], dumps: dict[int, RankDump]) -> list[Finding]:
+    """Merge the groups; each cross-group deadlock replaces the ``missing`` it explains."""
+    entries = {r: list(d.doc["entries"]) for r, d in dumps.items()}
+    found = find_deadlocks(entries, {g.name: set(g.dump_of.values()) for g in reports})
+    names = {
+        (_group_of(e), int(e["collective_seq_id"])): _op(e)
+        for es in entries.values()
+        for e in es
+        if not e["is_p2p"]
+    }
+    out = []
+    for d in found:
+        for g in reports:
+            g.findings = [
+                f
+                for f in g.findings
+                if not (
+                    f.kind == "missing" and g.name in d.groups and set(f.culprits) <= set(d.ranks)
+                )
+            ]
+        exp = d.expected
+        out.append(
+            Finding(
+                "deadlock", "+".join(d.groups), exp[1], names.get(exp, ""), d.culprits,
+                d.message(names), expected=f"{exp[0]}:{exp[1]} first", ambiguous=d.ambiguous,
+                ops=d.ops,
+            )
+        )  # fmt: skip
+    return out
 
 
 def _analyze_group(
@@ -329,7 +322,7 @@ def _analyze_group(
                         seq,
                         op,
                         (r,),
-                        f"rank {r} never entered collective {seq} ({op}) that ranks {_ranges(sorted(present))} entered; {tail}",
+                        f"rank {r} never entered collective {seq} ({op}) that ranks {ranges(sorted(present))} entered; {tail}",
                     )
                 )
             report.first_divergence = seq
@@ -398,7 +391,7 @@ def _mismatch(
                 seq,
                 expected[0],
                 (r,),
-                f"collective {seq}: rank {r} called {found_s}, ranks {_ranges(majority)} called {exp_s}"
+                f"collective {seq}: rank {r} called {found_s}, ranks {ranges(majority)} called {exp_s}"
                 + (" (ambiguous: as many ranks on each side)" if ambiguous else ""),
                 expected=exp_s,
                 found=found_s,
@@ -422,7 +415,7 @@ def _stuck(report: GroupReport, colls: dict[int, dict[int, dict[str, Any]]]) -> 
                 seq,
                 op,
                 (),
-                f"ranks {_ranges(sorted(ranks))} stuck in collective {seq} ({op}), state {state}",
+                f"ranks {ranges(sorted(ranks))} stuck in collective {seq} ({op}), state {state}",
             )
         )
 
@@ -502,7 +495,7 @@ def _no_dump(
                 high,
                 op,
                 tuple(absent),
-                f"rank(s) {_ranges(absent)} left no dump and never completed collective {high} ({op}); ranks {_ranges(sorted(report.dumped))} {what}{hint}",
+                f"rank(s) {ranges(absent)} left no dump and never completed collective {high} ({op}); ranks {ranges(sorted(report.dumped))} {what}{hint}",
             )
         )
     else:
@@ -513,7 +506,7 @@ def _no_dump(
                 None,
                 "",
                 tuple(absent),
-                f"no dump from rank(s) {_ranges(absent)}; their part of the group cannot be checked{hint}",
+                f"no dump from rank(s) {ranges(absent)}; their part of the group cannot be checked{hint}",
             )
         )
 
