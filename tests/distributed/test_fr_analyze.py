@@ -279,3 +279,92 @@ def test_cross_group_order_is_one_deadlock_naming_the_minority(
     assert not [f for f in report.findings if f.kind == "missing"], report.format_text()
     assert "deadlock across groups" in report.format_text()
     assert report.to_json()["cross_group_findings"][0]["culprits"] == list(swapped)
+
+
+_ABORTING_SCRIPT = """
+import os, sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from torchnext.distributed import flight_recorder as fr
+
+rank = int(os.environ["TORCHNEXT_MEMBER_ID"].rsplit("w", 1)[1])
+dump_dir, init_file = sys.argv[1], sys.argv[2]
+fr.enable(fr.FlightRecorderConfig(dump_dir=dump_dir))
+dist.init_process_group(
+    "gloo", init_method="file://" + init_file, rank=rank, world_size=3,
+    timeout=timedelta(seconds=4),
+)
+try:
+    for i in range(5):
+        # Rank 2 receives more bytes than its buffer holds at step 3: gloo aborts it.
+        n = 4 if (rank == 2 and i == 3) else 16 + i
+        dist.broadcast(torch.ones(n), 0)
+except Exception:
+    pass
+fr.dump(reason="end")
+"""
+
+
+def test_a_rank_whose_process_died_is_a_crash_not_a_hang(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(_ABORTING_SCRIPT)
+    dump_dir = tmp_path / "dumps"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchnext", "run", "--nproc", "3", "--max-restarts", "0",
+         str(script), str(dump_dir), str(tmp_path / "init")],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    records = [p.name.split("_pid")[0] for p in dump_dir.glob("torchnext_fr_exit_*")]
+    assert "torchnext_fr_exit_rank00002" in records, proc.stdout + proc.stderr
+    report = analyze(dump_dir)
+    assert not report.bad_files  # the exit record is not taken for a broken dump
+    crashes = [f for f in report.findings if f.kind == "crash"]
+    assert [f.culprits for f in crashes] == [(2,)], report.format_text()
+    assert "rank 2 killed by SIGABRT" in crashes[0].message
+    assert not [f for f in report.findings if f.kind == "hang"]
+
+
+def test_exit_record_turns_a_silent_hang_into_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchnext.distributed._hooks import OpInfo
+    from torchnext.distributed.flight_recorder import FlightRecorder, FlightRecorderConfig
+    from torchnext.distributed.fr_exits import write_exit_record
+
+    def op(seq: int, rank: int) -> OpInfo:
+        return OpInfo(
+            group_name="g", epoch=0, seq=seq, op="allreduce", rank=rank, ranks=(0, 1, 2),
+            input_sizes=((4,),), input_dtypes=("float32",),
+            output_sizes=((4,),), output_dtypes=("float32",),
+        )  # fmt: skip
+
+    # Rank 2 recorded collective 1 and died; ranks 0 and 1 timed out in collective 2
+    # with nothing in their errors that says a peer went away.
+    error_file = tmp_path / "n0w2.error"
+    monkeypatch.setenv("TORCHNEXT_ERROR_FILE", str(error_file))
+    dead = FlightRecorder(FlightRecorderConfig(dump_dir=str(tmp_path / "dumps")))
+    dead.on_finish(dead.on_start(op(1, 2)), "completed")
+    monkeypatch.delenv("TORCHNEXT_ERROR_FILE")
+    for rank in (0, 1):
+        rec = FlightRecorder(FlightRecorderConfig(dump_dir=str(tmp_path / "dumps")))
+        rec.on_finish(rec.on_start(op(1, rank)), "completed")
+        rec.on_finish(rec.on_start(op(2, rank)), "timed_out", "wait timed out after 4000 ms")
+        rec.dump()
+    before = [(f.kind, f.culprits) for f in analyze(tmp_path / "dumps").findings]
+    assert ("hang", (2,)) in before
+    # The launcher's record of the death (the note's pid is this process's).
+    import os
+
+    path = write_exit_record(error_file, pid=os.getpid(), returncode=-6)
+    assert path is not None and path.parent == (tmp_path / "dumps").resolve()
+    after = analyze(tmp_path / "dumps")
+    kinds = [(f.kind, f.culprits) for f in after.findings]
+    assert ("crash", (2,)) in kinds and ("hang", (2,)) not in kinds, after.format_text()
+    assert "rank 2 killed by SIGABRT" in after.format_text()
+    assert not after.bad_files
+    # A note left by another process in the same slot is not this worker's.
+    assert write_exit_record(error_file, pid=os.getpid() + 1, returncode=-9) is None

@@ -44,6 +44,7 @@ from torchnext.distributed._fr_format import (
     fr_op_name,
 )
 from torchnext.distributed._hooks import OpInfo, OpState
+from torchnext.distributed.fr_exits import write_note
 
 __all__ = ["FlightRecorderConfig", "FlightRecorder"]
 
@@ -203,7 +204,18 @@ class FlightRecorder:
             self._frames[s] = frames
             self._errors[s] = None
             self._ids[s] = rid
+        if rid == 0:
+            self._note_for_launcher()
         return rid
+
+    def _note_for_launcher(self) -> None:
+        # Under `torchnext run`, tell the launcher where this process dumps, so that
+        # if it dies without a dump the launcher can leave an exit record there.
+        from torchnext._env import TORCHNEXT_ERROR_FILE
+
+        error_file = TORCHNEXT_ERROR_FILE.get()
+        if error_file:
+            write_note(error_file, rank=self.rank, dump_dir=self.dump_dir())
 
     def on_finish(self, token: int, state: OpState, error: str | None = None) -> None:
         """Mark record ``token`` as ended in ``state`` (a no-op if the ring overwrote it)."""

@@ -35,6 +35,7 @@ from typing import Any
 
 from torchnext.distributed._fr_format import fr_op_name, load_dump
 from torchnext.distributed.fr_crossgroup import find_deadlocks
+from torchnext.distributed.fr_exits import ExitRecord, is_exit_record, load_exit_records
 from torchnext.distributed.fr_report import Finding, GroupReport, RankDump, finding_json, ranges
 from torchnext.errors import FlightRecorderDumpError
 
@@ -138,6 +139,8 @@ def load_dumps(
     superseded: list[Path] = []
     revokes: dict[int, Any] = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        if is_exit_record(path):
+            continue  # the launcher's word on a dead process, read by analyze()
         if path.suffix not in (".json", "") and not _RANK_IN_NAME.search(path.name):
             continue
         try:
@@ -208,6 +211,7 @@ def _group_of(entry: dict[str, Any]) -> str:
 def analyze(directory: str | Path) -> Analysis:
     """Analyse every dump in ``directory``; unreadable files are reported, the rest analysed."""
     dumps, bad, superseded = load_dumps(directory)
+    deaths = load_exit_records(Path(directory))
     groups: dict[str, dict[str, Any]] = {}
     for _rank, dump in sorted(dumps.items()):
         for name, cfg in dump.doc["pg_config"].items():
@@ -231,7 +235,7 @@ def analyze(directory: str | Path) -> Analysis:
                 _group_of(entry), {"desc": str(entry["process_group"][1]), "ranks": ()}
             )
     reports = [
-        _analyze_group(name, info["desc"], info["ranks"], dumps)
+        _analyze_group(name, info["desc"], info["ranks"], dumps, deaths)
         for name, info in sorted(groups.items())
     ]
     cross = _deadlocks(reports, dumps)
@@ -270,7 +274,11 @@ def _deadlocks(reports: list[GroupReport], dumps: dict[int, RankDump]) -> list[F
 
 
 def _analyze_group(
-    name: str, desc: str, ranks: tuple[int, ...], dumps: dict[int, RankDump]
+    name: str,
+    desc: str,
+    ranks: tuple[int, ...],
+    dumps: dict[int, RankDump],
+    deaths: dict[int, ExitRecord],
 ) -> GroupReport:
     members = ranks or tuple(sorted(dumps))
     member_dump = _members_dumps(name, members, dumps)
@@ -334,7 +342,7 @@ def _analyze_group(
         findings.extend(_mismatch(name, seq, sigs, colls))
         break
     _stuck(report, colls)
-    _no_dump(report, colls, dumps, member_dump)
+    _no_dump(report, colls, dumps, member_dump, deaths)
     _p2p(report, p2p)
     seqs = [f.seq for f in report.findings if f.seq is not None and f.kind != "p2p_mismatch"]
     report.first_divergence = min(seqs) if seqs else None
@@ -448,8 +456,18 @@ def _no_dump(
     colls: dict[int, dict[int, dict[str, Any]]],
     dumps: dict[int, RankDump],
     member_dump: dict[int, RankDump],
+    deaths: dict[int, ExitRecord],
 ) -> None:
-    absent = [r for r in report.ranks if r not in member_dump]
+    # A member whose process died after its last dump is as good as absent: its
+    # dump shows an op in flight, but nobody is left to finish it.
+    def in_flight_when_it_died(r: int) -> bool:
+        return (
+            r in deaths
+            and deaths[r].time_ns > member_dump[r].time_ns
+            and any(e["state"] in ("started", "scheduled") for e in colls.get(r, {}).values())
+        )
+
+    absent = [r for r in report.ranks if r not in member_dump or in_flight_when_it_died(r)]
     if not absent:
         return
     last_entries = [colls[r][s] for r, s in report.last_seq.items() if s in colls[r]]
@@ -486,8 +504,11 @@ def _no_dump(
             e["state"] in ("failed", "revoked") and any(w in (t or reasons) for w in _CRASH_WORDS)
             for e, t in zip(first, texts)
         )
-        kind = "crash" if crashed else "hang"
+        died = [f"rank {r} {deaths[r].how}" for r in absent if r in deaths]
+        kind = "crash" if crashed or died else "hang"
         what = "lost the connection to it" if crashed else "wait for it"
+        if died:
+            what += f", but it will not come: the launcher recorded {'; '.join(died)}"
         report.findings.append(
             Finding(
                 kind,

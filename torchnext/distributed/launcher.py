@@ -64,6 +64,7 @@ from torchnext.distributed.agent_store import (
     host_store,
     say_goodbye,
 )
+from torchnext.distributed.fr_exits import write_exit_record
 
 __all__ = [
     "EXIT_EVICTED",
@@ -384,6 +385,10 @@ class Agent:
             runtime_s=runtime,
         )
         self.exits.append(info)
+        if kind in ("crashed", "failed"):
+            # The flight recorder's analyzer reports a dead rank as crashed, not as a
+            # hang to wait for, from this record (when the worker's recorder ran).
+            write_exit_record(worker.error_file, pid=info.pid, returncode=code)
         message = exit_message(info, self._shown_tracebacks)
         self._emit("exited", message, worker.member_id, info)
         if self._stopping:
