@@ -20,6 +20,7 @@ from torchnext.upgrade import fixers_linalg as _fixers_linalg  # noqa: F401  (re
 from torchnext.upgrade import fixers_misc as _fixers_misc
 from torchnext.upgrade._cst import dotted_name
 from torchnext.upgrade._nonmember import NEW_GROUP_CALLS, SPLIT_GROUP_CALLS, local_sync_new_group
+from torchnext.upgrade._placeholders import kept_result
 from torchnext.upgrade._receivers import TENSOR_ANNOTATIONS, is_tensor_expr, tensor_tuple_call
 from torchnext.upgrade._site import CALL_FIXERS, METHOD_FIXERS, Diagnosis
 from torchnext.upgrade.value_uses import deprecated_name_code
@@ -71,6 +72,8 @@ class _TryFrame:
     node: cst.Try
     in_body: bool = True
     raises_typeerror_214: bool = False
+    guard: bool = False  # a version guard: its sites are reported, not rewritten
+    retry_line: int | None = None  # line of the handler that retries the removed keyword
 
 
 @dataclass
@@ -125,6 +128,9 @@ class TransformerCore(cst.CSTTransformer):
         # `U, S, V = <call>`: call id -> "V"; and calls whose V must become `V = V.mH`.
         self._unpacked_v: dict[int, str] = {}
         self._svd_fixed: dict[int, str] = {}
+        # `e, _ = <call>`: call id -> index of the one result kept; and the calls fixed so.
+        self._kept: dict[int, int] = {}
+        self._kept_fixed: dict[int, int] = {}
         self._line_assigns: set[int] = set()  # values of assignments alone on their line
         # from-import aliases of deprecated names used as values -> line of the first use
         self._value_uses: dict[int, int] = {}
@@ -371,6 +377,10 @@ class TransformerCore(cst.CSTTransformer):
             return
         q = self.qualify(value.func)
         targets = [t.target.value for t in node.targets if isinstance(t.target, cst.Name)]
+        op = (q or dotted_name(value.func) or "").rsplit(".", 1)[-1]
+        kept = kept_result(node, op)
+        if kept is not None:
+            self._kept[id(value)] = kept
         unpack = node.targets[0].target if len(node.targets) == 1 else None
         if (
             id(value) in self._line_assigns

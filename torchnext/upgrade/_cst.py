@@ -149,16 +149,48 @@ def make_call(
 
 
 def drop_kwargs(call: cst.Call, names: Sequence[str]) -> cst.Call:
-    """Remove keyword arguments, keeping the others' layout (and a trailing comma)."""
+    """Remove keyword arguments, keeping the others' layout (and a trailing comma).
+
+    A comment after an argument's comma lives in that comma's whitespace, so a removed
+    argument takes its own comment with it and its neighbours keep theirs.
+    """
     args = list(call.args)
     for i in range(len(args) - 1, -1, -1):
         arg = args[i]
         if arg.keyword is not None and arg.keyword.value in names:
             if i == len(args) - 1 and i > 0:
-                # The new last argument inherits the removed one's trailing comma (or none).
-                args[i - 1] = args[i - 1].with_changes(comma=arg.comma)
+                args[i - 1] = _take_over_end(args[i - 1], arg)
             del args[i]
     return call.with_changes(args=args)
+
+
+def _take_over_end(prev: cst.Arg, last: cst.Arg) -> cst.Arg:
+    """``prev`` becomes the last argument: it keeps its own comment and takes the removed
+    last argument's trailing comma (or none) and the line break before the ``)``."""
+    own = prev.comma.whitespace_after if isinstance(prev.comma, cst.Comma) else None
+    if isinstance(last.comma, cst.Comma):
+        end = _keep_comment(own, last.comma.whitespace_after)
+        before = prev.comma.whitespace_before if isinstance(prev.comma, cst.Comma) else None
+        comma = last.comma.with_changes(whitespace_after=end)
+        if before is not None:
+            comma = comma.with_changes(whitespace_before=before)
+        return prev.with_changes(comma=comma)
+    end = _keep_comment(own, last.whitespace_after_arg)
+    return prev.with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=end)
+
+
+def _keep_comment(
+    own: cst.BaseParenthesizableWhitespace | None, end: cst.BaseParenthesizableWhitespace
+) -> cst.BaseParenthesizableWhitespace:
+    """The line break before the ``)`` (``end``), carrying the comment of ``own``'s line."""
+    if not isinstance(own, cst.ParenthesizedWhitespace):
+        return end
+    if isinstance(end, cst.ParenthesizedWhitespace):
+        # Own-line comments above the removed argument are kept: only its trailing one goes.
+        return end.with_changes(
+            first_line=own.first_line, empty_lines=[*own.empty_lines, *end.empty_lines]
+        )
+    return own
 
 
 def set_kwarg(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:

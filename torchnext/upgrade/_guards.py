@@ -18,6 +18,7 @@ from libcst.metadata import PositionProvider
 
 from torchnext.upgrade._core import TransformerCore, _Guard, _TryFrame
 from torchnext.upgrade._cst import dotted_name
+from torchnext.upgrade._retries import retry_handler
 from torchnext.upgrade._site import Diagnosis
 
 __all__ = ["GuardTracking"]
@@ -109,13 +110,19 @@ class GuardTracking(TransformerCore):
         return {n.rsplit(".", 1)[-1] for n in (dotted_name(e) for e in exprs) if n}
 
     def visit_Try(self, node: cst.Try) -> None:
-        self._tries.append(_TryFrame(node))
+        frame = _TryFrame(node)
+        self._tries.append(frame)
         caught = (
             set().union(*(self._handler_names(h) for h in node.handlers))
             if node.handlers
             else set()
         )
-        if caught & _GUARD_EXCEPTIONS:
+        retry = retry_handler(node, self.qualify, self._handler_names)
+        if retry is not None:
+            # Both branches pass the removed keyword: a retry, not a version guard.
+            frame.retry_line = self.get_metadata(PositionProvider, retry).start.line
+        elif caught & _GUARD_EXCEPTIONS:
+            frame.guard = True
             self._push_guard(node, "try/except fallback")
 
     def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
@@ -132,15 +139,11 @@ class GuardTracking(TransformerCore):
 
     def leave_Try(self, original_node: cst.Try, updated_node: cst.Try) -> cst.BaseStatement:
         frame = self._tries.pop()
-        caught = (
-            set().union(*(self._handler_names(h) for h in original_node.handlers))
-            if original_node.handlers
-            else set()
-        )
-        if caught & _GUARD_EXCEPTIONS:
+        if frame.guard:
             self._pop_guard(original_node)
         if frame.raises_typeerror_214:
             for handler in original_node.handlers:
                 if self._handler_names(handler) & _SWALLOW_TYPEERROR:
-                    self._report(handler, Diagnosis("TNU009"))
+                    detail = "it retries with the same keyword" if frame.retry_line else ""
+                    self._report(handler, Diagnosis("TNU009", detail=detail))
         return updated_node

@@ -41,6 +41,12 @@ def _bind(
     return bind(site.call, positional, kw, receiver=site.receiver)
 
 
+def _reads(site: Site, index: int, attr: str) -> bool:
+    """The site reads only result ``index`` of the old tuple: ``[i]``, ``.attr`` or an
+    unpacking whose other targets are ``_`` placeholders (``x, _ = ...``)."""
+    return site.wrapper in (("index", index), ("attr", attr), ("keep", index))
+
+
 # ------------------------------------------------------------------ TNU001 cholesky
 
 
@@ -117,6 +123,13 @@ def symeig(site: Site) -> Diagnosis | None:
     else:
         uplo = cst.IfExp(test=upper, body=cst.SimpleString('"U"'), orelse=cst.SimpleString('"L"'))
     vectors = bool_literal(a.get("eigenvectors")) if "eigenvectors" in a else False
+    if site.wrapper == ("keep", 0):
+        # `e, _ = symeig(A, ...)`: the eigenvectors are dropped whatever `eigenvectors` is;
+        # only dropping an expression that may have side effects needs a look.
+        flag = a.get("eigenvectors")
+        dropped = vectors is None and not isinstance(flag, cst.Name | cst.Attribute)
+        call = make_call(site.torch("linalg.eigvalsh"), [a["input"]], [("UPLO", uplo)])
+        return _fixed(site, "TNU201", call, unsafe=dropped)
     if vectors is True:
         call = make_call(site.torch("linalg.eigh"), [a["input"]], [("UPLO", uplo)])
         if site.wrapper is not None:
@@ -171,7 +184,7 @@ def solve(site: Site) -> Diagnosis | None:
         a = _bind(site, ["input", "A"])
     except Unbindable:
         return Diagnosis("TNU204", detail=_NOT_BOUND)
-    if site.wrapper not in (("index", 0), ("attr", "solution")) or "out" in a:
+    if not _reads(site, 0, "solution") or "out" in a:
         return Diagnosis("TNU204", detail="the (solution, LU) tuple is used; fix by hand")
     if "input" not in a or "A" not in a:
         return Diagnosis("TNU204", detail=_NOT_BOUND)
@@ -255,7 +268,7 @@ def triangular_solve(site: Site) -> Diagnosis | None:
         a = _bind(site, ["input", "A", "upper", "transpose", "unitriangular"])
     except Unbindable:
         return Diagnosis("TNU208", detail=_NOT_BOUND)
-    if site.wrapper not in (("index", 0), ("attr", "solution")) or "out" in a:
+    if not _reads(site, 0, "solution") or "out" in a:
         return Diagnosis("TNU208", detail="the (solution, A) tuple is used; fix by hand")
     if "input" not in a or "A" not in a:
         return Diagnosis("TNU208", detail=_NOT_BOUND)
@@ -384,7 +397,7 @@ def svd(site: Site) -> Diagnosis | None:
         return Diagnosis("TNU212", detail=_NOT_BOUND)
     if "input" not in a or "out" in a:
         return Diagnosis("TNU212", detail=_NOT_BOUND if "input" not in a else "`out=` differs")
-    if site.wrapper in (("index", 1), ("attr", "S")):
+    if _reads(site, 1, "S"):
         return _fixed(site, "TNU212", make_call(site.torch("linalg.svdvals"), [a["input"]]))
     if site.wrapper is not None and site.wrapper[0] == "unpack" and "compute_uv" not in a:
         # `U, S, V = torch.svd(A, some)`: the transformer adds `V = V.mH` after the statement.

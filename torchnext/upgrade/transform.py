@@ -16,6 +16,7 @@ bound to ``split_group(...)`` or a locally synchronized ``new_group(...)``, and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import libcst as cst
@@ -23,10 +24,20 @@ import libcst as cst
 from torchnext.upgrade import fixers_misc as _fixers_misc
 from torchnext.upgrade._core import SiteFinding, noqa_map
 from torchnext.upgrade._cst import dotted_name, paren_if_needed
+from torchnext.upgrade._placeholders import keep_only
+from torchnext.upgrade._retries import RETRY_CODES
 from torchnext.upgrade._site import Diagnosis, Fixer, Site
 from torchnext.upgrade._structural import StructuralRules
 
 __all__ = ["SiteFinding", "UpgradeTransformer", "noqa_map"]
+
+
+def _retry_detail(detail: str, line: int) -> str:
+    note = (
+        f"the `except` at line {line} retries with the same keyword, so on torch 2.14 it "
+        "would hide this TypeError; every branch is rewritten"
+    )
+    return f"{detail}; {note}" if detail else note
 
 
 class UpgradeTransformer(StructuralRules):
@@ -52,6 +63,9 @@ class UpgradeTransformer(StructuralRules):
                 continue
             if diag.code == "TNU003" and self._tries and self._tries[-1].in_body:
                 self._tries[-1].raises_typeerror_214 = True
+            retry = self._tries[-1].retry_line if self._tries else None
+            if retry is not None and diag.code in RETRY_CODES:
+                diag = dataclasses.replace(diag, detail=_retry_detail(diag.detail, retry))
             if self._report(node, diag):
                 replacement = diag.fix
                 if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
@@ -194,12 +208,22 @@ class UpgradeTransformer(StructuralRules):
             # Tuple-aware rules on a bare call (no [i] / .attr around it): report the tuple use.
             site, fixers = self._site_for(original_node, updated_node, tuple_aware=True)
             if site is not None:
-                v_name = self._unpacked_v.get(id(original_node))
-                if v_name is not None:
+                kept = self._kept.get(id(original_node))
+                v_name = None if kept is not None else self._unpacked_v.get(id(original_node))
+                if kept is not None:
+                    site.wrapper = ("keep", kept)
+                elif v_name is not None:
                     site.wrapper = ("unpack", v_name)
                 replacement = self._run_fixers(
                     original_node, fixers, site, method=site.receiver is not None
                 )
                 if replacement is not None and v_name is not None and site.qname.endswith("svd"):
                     self._svd_fixed[id(original_node)] = v_name
+                if replacement is not None and kept is not None:
+                    self._kept_fixed[id(original_node)] = kept
         return replacement if replacement is not None else updated_node
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        kept = self._kept_fixed.pop(id(original_node.value), None)
+        # The call now returns the one result the placeholders did not drop.
+        return updated_node if kept is None else keep_only(updated_node, kept)
