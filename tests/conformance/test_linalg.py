@@ -38,7 +38,8 @@ def _decode(obj: Any) -> torch.Tensor:
     return real.to(dtype)
 
 
-_PROGRAM = """
+# Both programs open alike: the cases from the payload, and a decoder for them.
+_PREAMBLE = """
 import json, torch
 import torchnext.linalg as tl
 from torchnext.linalg import compat214
@@ -47,7 +48,11 @@ def dec(o):
     dt = getattr(torch, o["dtype"].split(".")[-1])
     r = torch.tensor(o["re"], dtype=torch.float64)
     return (torch.complex(r, torch.tensor(o["im"], dtype=torch.float64)) if "im" in o else r).to(dt)
-def enc(t):
+"""
+
+_PROGRAM = (
+    _PREAMBLE
+    + """def enc(t):
     return {{"re": t.real.tolist(), "im": t.imag.tolist(), "dtype": str(t.dtype)}} if t.is_complex() else {{"re": t.tolist(), "dtype": str(t.dtype)}}
 out = []
 for case in cases:
@@ -59,6 +64,7 @@ for case in cases:
         out.append([enc(compat214.matrix_sqrth(A))])
 print(json.dumps(out))
 """
+)
 
 
 def _cases() -> list[dict[str, Any]]:
@@ -178,16 +184,9 @@ def test_semantics_lower_triangle_clamp_and_nan(run_on_torch213: Callable[[str],
 # Jacobians on general (non-Hermitian, non-symmetric) inputs. For the factors fixed
 # only up to sign or phase, gauge-invariant functions are compared: values,
 # U diag(S) Vh, projectors U U^H, Q R. Complex inputs are seen as pairs of reals.
-_JACOBIAN_PROGRAM = """
-import json, torch
-import torchnext.linalg as tl
-from torchnext.linalg import compat214
-cases = json.loads({payload!r})
-def dec(o):
-    dt = getattr(torch, o["dtype"].split(".")[-1])
-    r = torch.tensor(o["re"], dtype=torch.float64)
-    return (torch.complex(r, torch.tensor(o["im"], dtype=torch.float64)) if "im" in o else r).to(dt)
-{functions}
+_JACOBIAN_PROGRAM = (
+    _PREAMBLE
+    + """{functions}
 def jac(fn, A):
     if A.is_complex():
         g = lambda x: torch.view_as_real(fn(torch.view_as_complex(x)))
@@ -199,6 +198,7 @@ for case in cases:
     out.append(jac(fn, dec(case["A"])).flatten().tolist())
 print(json.dumps(out))
 """
+)
 
 # One source for both sides: `lib` is torchnext.linalg (2.13) or torch.linalg (2.14.1),
 # `top` is compat214 (2.13) or torch.linalg (2.14.1).
