@@ -31,6 +31,7 @@ __all__ = [
     "WindowError",
     "WindowRevokedError",
     "FlightRecorderDumpError",
+    "FlightRecorderExportError",
     # testing harness
     "WorkerFailedError",
     "HarnessTimeoutError",
@@ -134,6 +135,10 @@ class WindowRevokedError(CommRevokedError):
 
 class FlightRecorderDumpError(TorchnextError, ValueError):
     """A flight-recorder dump file is truncated, corrupt or of an unknown version."""
+
+
+class FlightRecorderExportError(TorchnextError, ValueError):
+    """Dumps cannot be exported for ``torchfrtrace``: no dump, or a bad export folder."""
 
 
 # --------------------------------------------------------------------------- testing

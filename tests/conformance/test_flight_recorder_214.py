@@ -2,17 +2,23 @@
 
 The dump of torchnext's recorder must carry every key of PyTorch's own gloo recorder
 dump, with the same version, op names, sizes, dtypes and sequence numbers for the same
-calls (that is what lets PyTorch's analyzer read it). For windows, 2.14.1 has none on
+calls (that is what lets PyTorch's analyzer read it), and 2.14.1's ``torchfrtrace`` must
+read what ``torchnext fr export`` writes on 2.13. For windows, 2.14.1 has none on
 gloo; torchnext's offers the native method names, and works there.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 _OPS = """
 import json, torch, torch.distributed as dist
@@ -94,3 +100,64 @@ print(json.dumps({"data": win.tensor.tolist(), "get": win.get(0, 1, 2).tolist(),
     assert ours["data"] == [0.0, 1.0, 1.0, 0.0] and ours["get"] == [1.0, 1.0]
     shared = {"put", "signal", "wait_signal", "map_remote_tensor"}
     assert shared <= native_methods and shared <= set(ours["methods"])
+
+
+_GLOO_SCRIPT = """
+import os, sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from torchnext.distributed import flight_recorder as fr
+
+rank = int(os.environ["TORCHNEXT_MEMBER_ID"].rsplit("w", 1)[1])
+dump_dir, init_file, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
+fr.enable(fr.FlightRecorderConfig(dump_dir=dump_dir))
+dist.init_process_group(
+    "gloo", init_method="file://" + init_file, rank=rank, world_size=3,
+    timeout=timedelta(seconds=4),
+)
+try:
+    for i in range(5):
+        # "abort": rank 2 receives more bytes than its buffer holds; gloo aborts it.
+        n = 4 if (scenario == "abort" and rank == 2 and i == 3) else 16 + i
+        dist.broadcast(torch.ones(n), 0)
+except Exception:
+    pass
+fr.dump(reason="end")
+"""
+
+
+@pytest.mark.parametrize("scenario", ["clean", "abort"])
+def test_torch_214_torchfrtrace_reads_the_export_of_213_dumps(
+    torch213_python: str, tmp_path: Path, scenario: str
+) -> None:
+    """Real gloo dumps from torch 2.13 + torchnext, exported there, read by 2.14.1's analyzer."""
+    script = tmp_path / "train.py"
+    script.write_text(_GLOO_SCRIPT)
+    dumps, out = tmp_path / "dumps", tmp_path / "export"
+    # The 2.14.1 environment's scripts first on PATH: the printed command names its torchfrtrace.
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
+    run = subprocess.run(
+        [torch213_python, "-m", "torchnext", "run", "--nproc", "3", "--max-restarts", "0",
+         str(script), str(dumps), str(tmp_path / "init"), scenario],
+        capture_output=True, text=True, timeout=90, check=False, env=env,
+    )  # fmt: skip
+    export = subprocess.run(
+        [torch213_python, "-m", "torchnext", "fr", "export", str(dumps), str(out)],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert export.returncode == 0, run.stderr[-2000:] + export.stderr
+    command = shlex.split(export.stdout.strip().splitlines()[-1])
+    incomplete = scenario == "abort"
+    assert command == ["torchfrtrace", str(out), "-p", "torchnext_fr_rank"] + (
+        ["--allow-incomplete-ranks"] if incomplete else []
+    ), export.stdout
+    trace = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    text = trace.stdout + trace.stderr
+    assert trace.returncode == 0 and "Traceback" not in text, text
+    if incomplete:
+        assert "missed FR dumps from ranks ({2})" in text, text
+    else:
+        assert "has errors" not in text and "MISMATCH" not in text, text

@@ -6,8 +6,9 @@
   self-contained HTML page with a per-rank timeline. Exit 0: no problem; 1: problems
   (or unreadable dumps); 2: usage error (no such folder, no dump at all).
 * ``torchnext fr export DIR OUT``: write the dumps in the pickle layout PyTorch's
-  ``torchfrtrace`` loads (``OUT/torchnext_fr_rank<R>``), so the stock analyzer can be
-  run on them. The reverse is never done: torchnext does not unpickle dumps.
+  ``torchfrtrace`` loads (``OUT/torchnext_fr_rank<R>``, see
+  :mod:`torchnext.distributed.fr_export`) and print the ``torchfrtrace`` command that
+  reads them. Exit 0: written; 1: written, some dumps unreadable; 2: usage error.
 """
 
 from __future__ import annotations
@@ -18,34 +19,33 @@ import sys
 
 __all__ = ["add_arguments", "main"]
 
-_TORCHFRTRACE_OPS = frozenset(
-    {
-        "broadcast", "reduce", "all_gather", "all_reduce", "_all_gather_base", "reduce_scatter",
-        "_reduce_scatter_base", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
-        "send", "recv", "coalesced", "all_gather_single", "reduce_scatter_single", "split", "new_window",
-    }
-)  # fmt: skip
-_EXPORT_PREFIX = "torchnext_fr_rank"
-
-
-def _torchfrtrace_can_read(profiling_name: str) -> bool:
-    """torchfrtrace asserts on ops it does not know and on send/recv without their peers."""
-    name = profiling_name.split(":", 1)[-1]
-    op, _, peers = name.partition(" ")
-    if op in ("send", "recv"):
-        return ("->" in peers) if op == "send" else ("<-" in peers)
-    return op in _TORCHFRTRACE_OPS
+_DESCRIPTION = """flight recorder: analyze dumps (culprit ranks, mismatches, cross-group
+deadlocks, crashed ranks), or export them for PyTorch's own analyzer, torchfrtrace"""
+_EPILOG = """examples:
+  torchnext fr analyze DUMPS --json         report per group, exit 1 on a problem
+  torchnext fr analyze DUMPS --timeline t.html
+  torchnext fr export DUMPS OUT             write OUT/torchnext_fr_rank<R> and print the
+                                            torchfrtrace command that reads them"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = _DESCRIPTION
+    parser.epilog = _EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="fr_command", metavar="ACTION")
     an = sub.add_parser("analyze", help="merge per-rank dumps and report problems per group")
     an.add_argument("directory", help="folder holding one dump per rank (searched recursively)")
     an.add_argument("--json", action="store_true", help="print the report as JSON")
     an.add_argument("--timeline", metavar="FILE", help="also write a per-rank timeline (HTML)")
-    ex = sub.add_parser("export", help="write dumps in the layout PyTorch's torchfrtrace reads")
-    ex.add_argument("directory", help="folder holding the dumps")
-    ex.add_argument("output", help="folder to write <prefix><rank> files into")
+    ex = sub.add_parser(
+        "export",
+        help="write dumps in the layout PyTorch's torchfrtrace reads; prints its command",
+        description="Write the latest dump of each rank as OUT/torchnext_fr_rank<R>, the "
+        "pickle layout PyTorch's torchfrtrace reads, and print the torchfrtrace command to "
+        "run (with --allow-incomplete-ranks when a member's dump is missing).",
+    )
+    ex.add_argument("directory", help="folder holding the dumps (searched recursively)")
+    ex.add_argument("output", help="empty folder to write torchnext_fr_rank<R> files into")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -89,35 +89,28 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    import pickle
-    from pathlib import Path
-
-    from torchnext.distributed.fr_analyze import load_dumps
+    from torchnext.distributed.fr_export import export_torchfrtrace
+    from torchnext.errors import FlightRecorderExportError
 
     try:
-        dumps, bad, _ = load_dumps(args.directory)
-    except FileNotFoundError as exc:
+        result = export_torchfrtrace(args.directory, args.output)
+    except (FileNotFoundError, FlightRecorderExportError) as exc:
         print(f"torchnext fr export: {exc}", file=sys.stderr)
         return 2
-    for _, err in bad:
+    for _, err in result.unreadable:
         print(f"torchnext fr export: skipped: {err}", file=sys.stderr)
-    if not dumps:
-        print(f"torchnext fr export: no readable dump in {args.directory}", file=sys.stderr)
-        return 2
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    for rank, dump in sorted(dumps.items()):
-        doc = dict(dump.doc)
-        kept = [e for e in doc["entries"] if _torchfrtrace_can_read(str(e["profiling_name"]))]
-        skipped = len(doc["entries"]) - len(kept)
-        if skipped:
-            print(
-                f"torchnext fr export: rank {rank}: {skipped} entries with ops torchfrtrace does not know were left out",
-                file=sys.stderr,
-            )
-        doc["entries"] = kept
-        doc.pop("torchnext", None)
-        with open(out / f"{_EXPORT_PREFIX}{rank}", "wb") as f:
-            pickle.dump(doc, f)
-    print(f"wrote {len(dumps)} file(s) to {out}; run: torchfrtrace {out} -p {_EXPORT_PREFIX}")
-    return 1 if bad else 0
+    for rank, n in sorted(result.left_out.items()):
+        print(
+            f"torchnext fr export: rank {rank}: {n} entries with ops torchfrtrace does not "
+            "read were left out",
+            file=sys.stderr,
+        )
+    if result.missing_ranks:
+        print(
+            f"torchnext fr export: no dump from rank(s) {list(result.missing_ranks)}, "
+            "members of a group: torchfrtrace needs --allow-incomplete-ranks",
+            file=sys.stderr,
+        )
+    print(f"wrote {len(result.written)} file(s) to {result.output}; run:")
+    print(result.command_line)
+    return 1 if result.unreadable else 0
