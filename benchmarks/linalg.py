@@ -1,8 +1,9 @@
 """torchnext.linalg against torch.linalg on the CPU: batched eigh, svd, qr, cholesky,
 polar and matrix_sqrth, at 1 and 2 threads, side by side in one process.
 
-Every cell times torchnext's function and the torch baseline interleaved
-(:func:`torchnext.benchmarking.compare`) and records, for the torchnext result, the
+Every cell times torchnext's function and the torch baseline at every thread count
+interleaved in one run (:func:`torchnext.benchmarking.compare`, the thread count set
+untimed before each call) and records, for the torchnext result, the
 orthogonality and reconstruction errors (max over the batch, Frobenius, float64, in
 units of n*eps) next to the baseline's, so speedups are read at equal accuracy.
 
@@ -281,20 +282,28 @@ def main(argv: list[str]) -> int:
     try:
         for cell in _cells(args.quick, args.batch):
             a = _input(cell, dtype)
+            mine, ref = _candidates(cell, a)
+            # Every thread count of a cell in one interleaved run: the 2-thread cells are
+            # read against the 1-thread times, which must see the same machine state.
+            candidates: dict[str, Callable[[], Any]] = {}
+            set_threads: dict[str, Callable[[], None]] = {}
+            for t in threads:
+                for who, fn in (("torchnext", mine), ("torch", ref)):
+                    candidates[f"{who}@{t}"] = fn
+                    set_threads[f"{who}@{t}"] = lambda t=t: torch.set_num_threads(t)
+            reps = 3 if args.quick else cell.reps
+            timing = compare(candidates, reps=reps, warmup=1, before=set_threads)
             for t in threads:
                 torch.set_num_threads(t)
-                mine, ref = _candidates(cell, a)
-                reps = 3 if args.quick else cell.reps
-                timing = compare({"torchnext": mine, "torch": ref}, reps=reps, warmup=1)
                 orth, rec = _accuracy(cell, a, mine(), dtype)
                 t_orth, t_rec = _accuracy(cell, a, ref(), dtype)
-                tn, tt = timing["torchnext"].median_s, timing["torch"].median_s
+                ours, theirs = timing[f"torchnext@{t}"], timing[f"torch@{t}"]
+                tn, tt = ours.median_s, theirs.median_s
                 report.add(
                     torch_best_ms=None, torchnext_1t_ms=None, ratio_vs_torch_best=None,
                     ratio_vs_torchnext_1t=None, op=cell.op, variant=cell.variant, family=cell.family, n=cell.n,
                     batch=cell.batch, dtype="float32", threads=t, torchnext_ms=tn * 1e3,
-                    torch_ms=tt * 1e3, speedup=tt / tn,
-                    spread=max(timing["torchnext"].spread, timing["torch"].spread),
+                    torch_ms=tt * 1e3, speedup=tt / tn, spread=max(ours.spread, theirs.spread),
                     orth_neps=orth, recon_neps=rec, torch_orth_neps=t_orth, torch_recon_neps=t_rec,
                 )  # fmt: skip
     finally:

@@ -24,7 +24,24 @@ def test_compare_interleaves_and_rotates_order() -> None:
     assert all(len(t.samples_s) == 4 for t in timings.values())
 
 
+def test_compare_runs_each_before_step_untimed_right_before_its_candidate() -> None:
+    import time
+
+    calls: list[str] = []
+    timings = compare(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+        reps=2,
+        warmup=1,
+        before={"b": lambda: (calls.append("pre-b"), time.sleep(0.05))},
+    )
+    assert calls == ["a", "pre-b", "b", "a", "pre-b", "b", "pre-b", "b", "a"]
+    # The 50 ms step is not in b's samples.
+    assert max(timings["b"].samples_s) < 0.04
+
+
 def test_compare_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"before names \['c'\]"):
+        compare({"a": lambda: None}, before={"c": lambda: None})
     with pytest.raises(ValueError, match="candidates is empty"):
         compare({})
     with pytest.raises(ValueError, match="reps=0"):

@@ -79,6 +79,7 @@ def compare(
     warmup: int = 2,
     inner: int = 1,
     setup: Callable[[], None] | None = None,
+    before: Mapping[str, Callable[[], None]] | None = None,
 ) -> dict[str, Timing]:
     """Time each candidate ``reps`` times, interleaved, after ``warmup`` untimed rounds.
 
@@ -87,7 +88,12 @@ def compare(
         for _ in range(warmup): [fn() for fn in candidates.values()]
         for r in range(reps):
             for name, fn in rotated(candidates, r):   # order rotates every repetition
+                setup(); before[name]()                # untimed
                 samples[name].append(time_once(fn, inner))
+
+    ``before`` maps some candidates to an untimed step run right before each of their
+    calls (for example ``torch.set_num_threads(t)``, so that one run compares thread
+    counts side by side).
     """
     if not candidates:
         raise ValueError("compare: candidates is empty; pass at least one name -> callable")
@@ -96,18 +102,30 @@ def compare(
             f"compare: reps={reps}, warmup={warmup}, inner={inner}; need reps>=1, warmup>=0, inner>=1"
         )
     names = list(candidates)
+    prepare = dict(before or {})
+    unknown = sorted(set(prepare) - set(names))
+    if unknown:
+        raise ValueError(
+            f"compare: before names {unknown}, which are not candidates {names}; "
+            "key before by candidate name"
+        )
+
+    def ready(name: str) -> None:
+        if setup is not None:
+            setup()
+        if name in prepare:
+            prepare[name]()
+
     for _ in range(warmup):
         for name in names:
-            if setup is not None:
-                setup()
+            ready(name)
             candidates[name]()
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(reps):
         # Rotate the order so no candidate always runs right after the same other one.
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            if setup is not None:
-                setup()
+            ready(name)
             samples[name].append(time_once(candidates[name], inner))
     return {n: Timing(n, tuple(s)) for n, s in samples.items()}
 

@@ -92,6 +92,38 @@ def test_only_lapack_batches_are_split_over_threads(monkeypatch: pytest.MonkeyPa
     assert seen == [2]
 
 
+def test_matmul_iterations_split_at_one_thread_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Newton-Schulz and QDWH run as chunks at one intra-op thread each (torch's own
+    # 2-thread batched GEMM of small matrices was measured slower than that); every
+    # matrix iterates on its own, so the split result equals the unsplit one.
+    import torchnext.linalg.dispatch as dispatch
+
+    seen: list[tuple[int, int]] = []
+    real = dispatch.run_batch_split
+
+    def spy(fn: Any, inputs: Any, *, chunks: int) -> Any:
+        seen.append((chunks, torch.get_num_threads()))
+        return real(fn, inputs, chunks=chunks)
+
+    monkeypatch.setattr(dispatch, "run_batch_split", spy)
+    before = torch.get_num_threads()
+    A = torch.randn(2048, 8, 8, dtype=torch.float64)
+    S = A @ A.mT + 8 * torch.eye(8, dtype=torch.float64)
+    monkeypatch.setenv("TORCHNEXT_LINALG_THREADS", "1")
+    U1, H1 = tl.polar(A, method="newton_schulz")
+    X1 = tl.matrix_sqrth(S, method="newton_schulz")
+    assert seen == []
+    monkeypatch.setenv("TORCHNEXT_LINALG_THREADS", "2")
+    U2, H2 = tl.polar(A, method="newton_schulz")
+    X2 = tl.matrix_sqrth(S, method="newton_schulz")
+    tl.polar(A, method="qdwh")
+    assert seen == [(2, 1)] * 3
+    assert torch.get_num_threads() == before
+    torch.testing.assert_close(U2, U1, rtol=0, atol=0)
+    torch.testing.assert_close(H2, H1, rtol=0, atol=0)
+    torch.testing.assert_close(X2, X1, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
 @pytest.mark.parametrize("n", [9, 16])
 def test_vectorised_jacobi_larger_orders(dtype: torch.dtype, n: int) -> None:

@@ -32,7 +32,7 @@ from torchnext.linalg._checks import check_finite, check_matrix
 from torchnext.linalg._info import IterInfo
 from torchnext.linalg._out import write_out
 from torchnext.linalg.autograd import PolarFunction
-from torchnext.linalg.dispatch import run_batch_split, threads_for
+from torchnext.linalg.dispatch import run_matmul_split
 
 __all__ = ["polar", "PolarResult", "PolarInfoResult"]
 
@@ -121,13 +121,16 @@ def _tall_polar(
             u, inf = qdwh_polar(x)
             return (u, *inf)
 
-        # QDWH's QR/Cholesky are LAPACK batch loops: split the batch over threads.
-        chunks = threads_for(a_BMN.device, B)
-        U, iters, conv, resid = run_batch_split(flat_qdwh, [a_BMN], chunks=chunks)
+        # QDWH's QR/Cholesky are LAPACK batch loops, its GEMMs small: split the batch.
+        U, iters, conv, resid = run_matmul_split(flat_qdwh, [a_BMN])
     else:
         from torchnext.linalg.newton_schulz import polar_newton_schulz
 
-        U, (iters, conv, resid) = polar_newton_schulz(a_BMN)
+        def flat_ns(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            u, inf = polar_newton_schulz(x)
+            return (u, *inf)
+
+        U, iters, conv, resid = run_matmul_split(flat_ns, [a_BMN])
     info = IterInfo(iters=iters, converged=conv, residual=resid)
     H = _herm(U.mH @ a_BMN)
     bad = (~conv).nonzero().flatten()

@@ -34,6 +34,7 @@ from torchnext.errors import NotPositiveDefiniteError
 from torchnext.linalg._checks import check_dtype, check_square, first_bad_index
 from torchnext.linalg._info import IterInfo
 from torchnext.linalg.autograd import SqrthFunction
+from torchnext.linalg.dispatch import run_matmul_split
 
 __all__ = ["matrix_sqrth", "SqrthInfoResult"]
 
@@ -113,7 +114,12 @@ def _route(a_BNN: torch.Tensor, method: str, check_pd: bool) -> tuple[torch.Tens
     # Convergence implies positive definiteness: on an eigenvalue x = lambda/s <= 0 the
     # iteration's x <- x (3 - x)^2 / 4 stays at 0 or diverges, so check_pd is enforced
     # by the eigh fallback, which sees every matrix that could violate it.
-    X, info, resid_B = sqrth_newton_schulz(a_BNN)
+    def flat_ns(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y, inf, recon = sqrth_newton_schulz(x)
+        return (y, *inf, recon)
+
+    X, iters, conv, resid, resid_B = run_matmul_split(flat_ns, [a_BNN])
+    info = IterInfo(iters=iters, converged=conv, residual=resid)
     # The iteration's attainable accuracy degrades like eps * sqrt(cond); check the
     # result itself (one GEMM) and send the few that miss 4 n*eps to eigh as well.
     n = a_BNN.shape[-1]
