@@ -146,22 +146,25 @@ def _cells(quick: bool, batch: int) -> list[Cell]:
             Cell(op="sqrth", n=8, batch=b),
             Cell(op="sqrth", n=8, batch=b, variant="newton_schulz"),
         ]
-    cells = [Cell(op="eigh", n=4, batch=batch), Cell(op="svd", n=4, batch=batch)]
+    # Small cells take milliseconds, so one scheduler hiccup on a shared machine moves a
+    # median of a few runs; repetitions scale inversely with the cell's cost so that
+    # every 1- vs 2-thread comparison rests on enough samples to be about the code.
+    def reps(n: int) -> int:
+        return 21 if n <= 8 else 11 if n <= 16 else 5
+
+    cells = [Cell(op=op, n=4, batch=batch, reps=reps(4)) for op in ("eigh", "svd")]
     for n in (8, 16, 32):
-        reps = 5 if n < 32 else 3
         for op in ("eigh", "svd", "qr"):
-            cells.append(Cell(op=op, n=n, batch=batch, reps=reps))
-    cells += [Cell(op="cholesky", n=n, batch=batch) for n in (8, 16)]
+            cells.append(Cell(op=op, n=n, batch=batch, reps=reps(n)))
+    cells += [Cell(op="cholesky", n=n, batch=batch, reps=reps(n)) for n in (8, 16)]
     for n in (4, 8, 16):
-        cells.append(Cell(op="polar", n=n, batch=batch))
+        cells.append(Cell(op="polar", n=n, batch=batch, reps=reps(n)))
     for n in (16, 32):
-        cells.append(
-            Cell(op="polar", n=n, batch=batch, family="wellcond", reps=3 if n == 32 else 5)
-        )
+        cells.append(Cell(op="polar", n=n, batch=batch, family="wellcond", reps=reps(n)))
     for n in (4, 8, 16):
-        cells.append(Cell(op="sqrth", n=n, batch=batch))
+        cells.append(Cell(op="sqrth", n=n, batch=batch, reps=reps(n)))
     for n in (8, 16):
-        cells.append(Cell(op="sqrth", n=n, batch=batch, variant="newton_schulz"))
+        cells.append(Cell(op="sqrth", n=n, batch=batch, variant="newton_schulz", reps=reps(n)))
     return cells
 
 
