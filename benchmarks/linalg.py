@@ -146,6 +146,7 @@ def _cells(quick: bool, batch: int) -> list[Cell]:
             Cell(op="sqrth", n=8, batch=b),
             Cell(op="sqrth", n=8, batch=b, variant="newton_schulz"),
         ]
+
     # Small cells take milliseconds, so one scheduler hiccup on a shared machine moves a
     # median of a few runs; repetitions scale inversely with the cell's cost so that
     # every 1- vs 2-thread comparison rests on enough samples to be about the code.

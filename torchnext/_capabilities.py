@@ -141,6 +141,13 @@ CAPABILITIES: tuple[Capability, ...] = (
         provider="torchnext.distributed:Window",
     ),
     Capability(
+        name="distributed.dtensor_rules",
+        summary="DTensor sharding rules for the 77 operators 2.14 added (`out=`, `cumsum_`, ...)",
+        usage="`torchnext.backport.install()`",
+        native=_clamp_214_native,
+        provider="torchnext.compat.dtensor_rules:install_rules",
+    ),
+    Capability(
         name="control_flow.switch",
         summary="Multi-way `switch` in eager, compile, export (saveable), make_fx",
         usage="`torchnext.control_flow.switch(index, branches, operands)`",

@@ -106,6 +106,13 @@ def main(args: argparse.Namespace) -> int:
     )
     if info["backport"]:
         print()
+        rules = info["backport"].get("dtensor_rules")
+        if rules:
+            print(
+                f"DTensor sharding rules: {rules['total']} operators "
+                f"({rules['torch']} by torch, {rules['torchnext']} by torchnext; "
+                f"torch 2.14.1 has {rules['torch_2_14']})"
+            )
         print(f"backport  {json.dumps(info['backport'])}")
     set_vars = [v for v in info["env"] if v["set"] == "True"]
     print()

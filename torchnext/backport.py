@@ -16,11 +16,15 @@ replaces what torch already has):
   decorator;
 * ``torch.export.export(dynamic_shapes=ShapesSpec/ParamsSpec)`` and
   ``make_fx(dynamic_shapes=..., tracing_mode="fake")``;
-* ``torch._higher_order_ops.switch``.
+* ``torch._higher_order_ops.switch``;
+* DTensor sharding rules for the 77 operators 2.14 added (``out=`` variants of
+  reductions, pooling, softmax and losses, ``sort``/``topk`` values, ``cumsum_``,
+  ``tril_``/``triu_``, ``prims.amax``/``amin``, ``_foreach_addcdiv``/``addcmul``), from
+  :mod:`torchnext.compat.dtensor_rules`.
 
 :func:`report` says what is installed, what :func:`install` would install, what was
-skipped because torch has it natively, and what cannot be provided here (and why);
-``torchnext doctor`` prints it. What not to assume: the installed functions are
+skipped because torch has it natively, what cannot be provided here (and why), and how
+many operators DTensor can shard; ``torchnext doctor`` prints it. What not to assume: the installed functions are
 torchnext's, with the documented differences (for example ``switch`` graphs hold
 ``cond`` nodes); names bound before ``install()`` (``from torch import compile``) keep
 the original objects.
@@ -39,7 +43,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["install", "uninstall", "backported", "report", "installed_names", "BACKPORTS"]
+__all__ = [
+    "install",
+    "uninstall",
+    "backported",
+    "report",
+    "installed_names",
+    "BACKPORTS",
+    "Backport",
+    "Registration",
+]
 
 _ABSENT = object()
 
@@ -58,6 +71,22 @@ class Backport:
     """True when the running torch already has it."""
     provide: Callable[[], Any]
     """Builds the value to install; raises ``ImportError`` if torchnext cannot provide it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Registration:
+    """A 2.14 fact kept in one of torch's registries rather than in an attribute."""
+
+    name: str
+    """What 2.14 has, in words."""
+    native: Callable[[], bool]
+    """True when the running torch already has all of it."""
+    available: Callable[[], None]
+    """Raises ``ImportError`` (with the reason) when torchnext cannot provide it here."""
+    register: Callable[[], list[str]]
+    """Registers what is missing; returns what it added."""
+    unregister: Callable[[], list[str]]
+    """Removes what :attr:`register` added; returns what it removed."""
 
 
 def _module(path: str) -> Any:
@@ -189,10 +218,26 @@ def _export_takes_spec() -> bool:
     ours = _installed.get("torch.fx.experimental.dynamic_spec.dynamic_spec")
     module = _module("torch.fx.experimental.dynamic_spec")
     value = getattr(module, "dynamic_spec", _ABSENT)
-    return value is not _ABSENT and (ours is None or value is not ours[3])
+    return value is not _ABSENT and (not isinstance(ours, tuple) or value is not ours[3])
 
 
-BACKPORTS: tuple[Backport, ...] = (
+def _dtensor_rules() -> Any:
+    return importlib.import_module("torchnext.compat.dtensor_rules")
+
+
+def _dtensor_rules_native() -> bool:
+    try:
+        rules = _dtensor_rules()
+        return not rules.missing_rules()
+    except ImportError:
+        return False
+
+
+def _dtensor_rules_available() -> None:
+    _dtensor_rules().missing_rules()  # raises ImportError where torch has no DTensor
+
+
+BACKPORTS: tuple[Backport | Registration, ...] = (
     Backport(
         name="torch.linalg.polar",
         owner="torch.linalg",
@@ -242,10 +287,18 @@ BACKPORTS: tuple[Backport, ...] = (
         native=_has_attr("torch._higher_order_ops", "switch"),
         provide=_provide_switch,
     ),
+    Registration(
+        name="DTensor sharding rules (the 77 operators 2.14 added)",
+        native=_dtensor_rules_native,
+        available=_dtensor_rules_available,
+        register=lambda: _dtensor_rules().install_rules(),
+        unregister=lambda: _dtensor_rules().uninstall_rules(),
+    ),
 )
 
 _lock = threading.Lock()
-_installed: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (owner, attr, before, value)
+# name -> (owner, attr, before, value) for an attribute; the Registration for a registry.
+_installed: dict[str, tuple[Any, str, Any, Any] | Registration] = {}
 
 
 def installed_names() -> list[str]:
@@ -254,8 +307,37 @@ def installed_names() -> list[str]:
         return list(_installed)
 
 
-def _is_ours(bp: Backport) -> bool:
+def _is_ours(bp: Backport | Registration) -> bool:
     return bp.name in _installed
+
+
+def _apply(bp: Backport | Registration) -> None:
+    """Install one backport (the caller holds the lock and checked it is missing)."""
+    if isinstance(bp, Registration):
+        bp.register()
+        _installed[bp.name] = bp
+        return
+    value = bp.provide()
+    owner = _module(bp.owner)
+    before = getattr(owner, bp.attr, _ABSENT)
+    setattr(owner, bp.attr, value)
+    _installed[bp.name] = (owner, bp.attr, before, value)
+
+
+def _undo(name: str) -> bool:
+    """Take one installed backport out again; False if someone else replaced it since."""
+    entry = _installed.pop(name)
+    if isinstance(entry, Registration):
+        entry.unregister()
+        return True
+    owner, attr, before, value = entry
+    if getattr(owner, attr, _ABSENT) is not value:
+        return False
+    if before is _ABSENT:
+        delattr(owner, attr)
+    else:
+        setattr(owner, attr, before)
+    return True
 
 
 def install(*, names: list[str] | None = None) -> dict[str, Any]:
@@ -281,13 +363,9 @@ def install(*, names: list[str] | None = None) -> dict[str, Any]:
             if _is_ours(bp) or bp.native():
                 continue
             try:
-                value = bp.provide()
+                _apply(bp)
             except ImportError:
                 continue  # report() lists it as unavailable, with the reason
-            owner = _module(bp.owner)
-            before = getattr(owner, bp.attr, _ABSENT)
-            setattr(owner, bp.attr, value)
-            _installed[bp.name] = (owner, bp.attr, before, value)
     return report()
 
 
@@ -296,18 +374,8 @@ def uninstall() -> list[str]:
 
     An attribute someone else replaced after ``install()`` is left alone.
     """
-    removed = []
     with _lock:
-        for name in reversed(list(_installed)):
-            owner, attr, before, value = _installed.pop(name)
-            if getattr(owner, attr, _ABSENT) is not value:
-                continue
-            if before is _ABSENT:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, before)
-            removed.append(name)
-    return removed
+        return [name for name in reversed(list(_installed)) if _undo(name)]
 
 
 @contextlib.contextmanager
@@ -324,12 +392,7 @@ def backported(*, names: list[str] | None = None) -> Iterator[dict[str, Any]]:
         added = [n for n in installed_names() if n not in before]
         with _lock:
             for name in reversed(added):
-                owner, attr, prior, value = _installed.pop(name)
-                if getattr(owner, attr, _ABSENT) is value:
-                    if prior is _ABSENT:
-                        delattr(owner, attr)
-                    else:
-                        setattr(owner, attr, prior)
+                _undo(name)
 
 
 def report() -> dict[str, Any]:
@@ -348,15 +411,23 @@ def report() -> dict[str, Any]:
             native.append(bp.name)
             continue
         try:
-            bp.provide()
+            if isinstance(bp, Registration):
+                bp.available()
+            else:
+                bp.provide()
         except ImportError as exc:
             unavailable[bp.name] = str(exc)
             continue
         would.append(bp.name)
+    try:
+        dtensor_rules: dict[str, int] | None = _dtensor_rules().rule_counts()
+    except ImportError:
+        dtensor_rules = None
     return {
         "torch": torch.__version__,
         "installed": installed,
         "would_install": would,
         "native": native,
         "unavailable": unavailable,
+        "dtensor_rules": dtensor_rules,
     }
