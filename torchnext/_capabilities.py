@@ -148,6 +148,13 @@ CAPABILITIES: tuple[Capability, ...] = (
         provider="torchnext.compat.dtensor_rules:install_rules",
     ),
     Capability(
+        name="compile.simple_overlap",
+        summary="Compute/communication overlap in compiled graphs with collectives",
+        usage="`torchnext.compile.enable_simple_overlap()`",
+        native=_clamp_214_native,
+        provider="torchnext.compile:enable_simple_overlap",
+    ),
+    Capability(
         name="control_flow.switch",
         summary="Multi-way `switch` in eager, compile, export (saveable), make_fx",
         usage="`torchnext.control_flow.switch(index, branches, operands)`",

@@ -237,6 +237,14 @@ TORCHNEXT_BENCH_DIR = _var(
     "then the source checkout's benchmarks/.",
 )
 
+TORCHNEXT_TORCH214_PYTHON = _var(
+    "TORCHNEXT_TORCH214_PYTHON",
+    "",
+    _parse_str,
+    "Python with torch 2.14 that benchmarks run native 2.14 in; empty means the "
+    "checkout's .venv-214/bin/python.",
+)
+
 
 def describe() -> list[dict[str, str]]:
     """One record per variable: name, value (as text), default, whether set, doc."""

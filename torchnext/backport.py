@@ -20,7 +20,9 @@ replaces what torch already has):
 * DTensor sharding rules for the 77 operators 2.14 added (``out=`` variants of
   reductions, pooling, softmax and losses, ``sort``/``topk`` values, ``cumsum_``,
   ``tril_``/``triu_``, ``prims.amax``/``amin``, ``_foreach_addcdiv``/``addcmul``), from
-  :mod:`torchnext.compat.dtensor_rules`.
+  :mod:`torchnext.compat.dtensor_rules`;
+* Inductor's simple compute/communication overlap for compiled graphs with functional
+  collectives (on by default in 2.14), from :mod:`torchnext.compile`.
 
 :func:`report` says what is installed, what :func:`install` would install, what was
 skipped because torch has it natively, what cannot be provided here (and why), and how
@@ -237,6 +239,33 @@ def _dtensor_rules_available() -> None:
     _dtensor_rules().missing_rules()  # raises ImportError where torch has no DTensor
 
 
+def _overlap_switch() -> Any:
+    return importlib.import_module("torchnext.compile.switch")
+
+
+def _overlap_native() -> bool:
+    try:
+        from torchnext.compat import inductor_passes
+
+        return inductor_passes.native_overlap()
+    except ImportError:
+        return False
+
+
+def _overlap_available() -> None:
+    importlib.import_module("torch._inductor.custom_graph_pass")
+
+
+def _overlap_on() -> list[str]:
+    _overlap_switch().enable_simple_overlap(True)
+    return ["simple_overlap"]
+
+
+def _overlap_off() -> list[str]:
+    _overlap_switch().enable_simple_overlap(False)
+    return ["simple_overlap"]
+
+
 BACKPORTS: tuple[Backport | Registration, ...] = (
     Backport(
         name="torch.linalg.polar",
@@ -293,6 +322,13 @@ BACKPORTS: tuple[Backport | Registration, ...] = (
         available=_dtensor_rules_available,
         register=lambda: _dtensor_rules().install_rules(),
         unregister=lambda: _dtensor_rules().uninstall_rules(),
+    ),
+    Registration(
+        name="inductor aten_distributed_optimizations.enable_simple_overlap",
+        native=_overlap_native,
+        available=_overlap_available,
+        register=_overlap_on,
+        unregister=_overlap_off,
     ),
 )
 
