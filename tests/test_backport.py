@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
+import sys
 import types
 
 import pytest
 import torch
 
 import torchnext.backport as backport
+from torchnext._capabilities import CAPABILITIES, Backport, Capability, Registration
+from torchnext._doctor import collect
 from torchnext.control_flow import STATIC, ParamsSpec, ShapeVar, TensorSpec
 
 
@@ -60,11 +64,70 @@ def test_install_twice_is_idempotent() -> None:
 
 
 def test_never_overrides_a_native_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Look like 2.14.1: torch ships the module torch._higher_order_ops.switch, and the
+    # package attribute of that name is torch's own function.
     native_switch = types.SimpleNamespace(name="native switch")
+    native_module = types.ModuleType("torch._higher_order_ops.switch")
+    monkeypatch.setitem(sys.modules, "torch._higher_order_ops.switch", native_module)
     monkeypatch.setattr(torch._higher_order_ops, "switch", native_switch, raising=False)
     info = backport.install()
     assert "torch._higher_order_ops.switch" in info["native"]
     assert torch._higher_order_ops.switch is native_switch
+    status = {c["name"]: c["status"] for c in collect()["capabilities"]}
+    assert status["control_flow.switch"] == "native"
+
+
+def _capability(name: str) -> Capability:
+    return next(cap for cap in CAPABILITIES if cap.name == name)
+
+
+def test_torchnext_switch_alone_does_not_count_as_native() -> None:
+    switch = _capability("control_flow.switch")
+    if switch.native():
+        pytest.skip("this torch ships switch itself")
+    info = backport.install(names=["torch._higher_order_ops.switch"])
+    assert info["installed"] == ["torch._higher_order_ops.switch"]
+    assert hasattr(torch._higher_order_ops, "switch")
+    assert not switch.native()
+    status = {c["name"]: c["status"] for c in collect()["capabilities"]}
+    assert status["control_flow.switch"] == "torchnext"
+
+
+def test_every_fact_has_exactly_one_native_check() -> None:
+    names = [cap.name for cap in CAPABILITIES]
+    assert len(names) == len(set(names))
+    backport_names = [bp.name for bp in backport.BACKPORTS]
+    assert len(backport_names) == len(set(backport_names))
+    assert backport_names == [bp.name for cap in CAPABILITIES for bp in cap.backports]
+    native_fields = [f.name for f in dataclasses.fields(Capability) if f.name == "native"]
+    assert native_fields == ["native"]
+    for cap in CAPABILITIES:
+        assert callable(cap.native), cap.name
+        assert isinstance(cap.native(), bool), cap.name
+    # The install records carry no check of their own: their capability's decides.
+    for kind in (Backport, Registration):
+        assert not [f.name for f in dataclasses.fields(kind) if "native" in f.name], kind
+
+
+def _assert_doctor_and_backport_agree() -> None:
+    status = {c["name"]: c["status"] for c in collect()["capabilities"]}
+    info = backport.report()
+    for cap in CAPABILITIES:
+        for bp in cap.backports:
+            if status[cap.name] == "native":
+                assert bp.name in info["native"], (cap.name, bp.name)
+            else:
+                assert bp.name not in info["native"], (cap.name, bp.name)
+            if bp.name in info["installed"]:
+                assert status[cap.name] == "torchnext", (cap.name, bp.name)
+
+
+def test_doctor_and_backport_agree_for_every_fact() -> None:
+    _assert_doctor_and_backport_agree()
+    backport.install()
+    _assert_doctor_and_backport_agree()
+    backport.uninstall()
+    _assert_doctor_and_backport_agree()
 
 
 def test_context_manager_undoes_only_its_own_installs() -> None:

@@ -3,6 +3,10 @@
 Prints the torch version, devices, distributed backends, whether Triton is present,
 every ``TORCHNEXT_*`` variable, and, for each 2.14 capability, whether the running
 torch has it natively, torchnext provides it, or it is unavailable here (and why).
+Run it first when a 2.14 name is missing or behaves differently. The capability rows and
+the backport line read the same table (:data:`torchnext._capabilities.CAPABILITIES`), so
+they cannot disagree about what is native. What not to assume: it reports this process's
+torch as it is now; a ``backport.install()`` done elsewhere does not show here.
 """
 
 from __future__ import annotations
@@ -76,11 +80,11 @@ def collect() -> dict[str, Any]:
 
 def _print_table(rows: list[list[str]], header: list[str]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
     print(line)
     print("  ".join("-" * w for w in widths))
     for r in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

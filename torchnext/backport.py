@@ -26,7 +26,10 @@ replaces what torch already has):
 
 :func:`report` says what is installed, what :func:`install` would install, what was
 skipped because torch has it natively, what cannot be provided here (and why), and how
-many operators DTensor can shard; ``torchnext doctor`` prints it. What not to assume: the installed functions are
+many operators DTensor can shard; ``torchnext doctor`` prints it. What to install and
+whether torch has it natively both come from the one table of 2.14 facts,
+:data:`torchnext._capabilities.CAPABILITIES`: a name is skipped exactly when ``doctor``
+calls its capability native. What not to assume: the installed functions are
 torchnext's, with the documented differences (for example ``switch`` graphs hold
 ``cond`` nodes); names bound before ``install()`` (``from torch import compile``) keep
 the original objects.
@@ -35,15 +38,14 @@ the original objects.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
-import inspect
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from torchnext._capabilities import CAPABILITIES, Backport, Capability, Registration
 
 __all__ = [
     "install",
@@ -58,279 +60,26 @@ __all__ = [
 
 _ABSENT = object()
 
+BACKPORTS: tuple[Backport | Registration, ...] = tuple(
+    bp for cap in CAPABILITIES for bp in cap.backports
+)
+"""Every name the backport can install, in table order (read from the capability table)."""
 
-@dataclass(frozen=True, kw_only=True)
-class Backport:
-    """One 2.14 name: where it lives, how to tell torch has it, what torchnext provides."""
-
-    name: str
-    """The public name as 2.14 spells it (a call form for keyword additions)."""
-    owner: str
-    """Dotted module path of the object that receives the attribute."""
-    attr: str
-    """Attribute set on ``owner``."""
-    native: Callable[[], bool]
-    """True when the running torch already has it."""
-    provide: Callable[[], Any]
-    """Builds the value to install; raises ``ImportError`` if torchnext cannot provide it."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Registration:
-    """A 2.14 fact kept in one of torch's registries rather than in an attribute."""
-
-    name: str
-    """What 2.14 has, in words."""
-    native: Callable[[], bool]
-    """True when the running torch already has all of it."""
-    available: Callable[[], None]
-    """Raises ``ImportError`` (with the reason) when torchnext cannot provide it here."""
-    register: Callable[[], list[str]]
-    """Registers what is missing; returns what it added."""
-    unregister: Callable[[], list[str]]
-    """Removes what :attr:`register` added; returns what it removed."""
+# The capability whose single native check decides each backport.
+_OWNER: dict[str, Capability] = {bp.name: cap for cap in CAPABILITIES for bp in cap.backports}
 
 
 def _module(path: str) -> Any:
     return importlib.import_module(path)
 
 
-def _has_attr(owner: str, attr: str) -> Callable[[], bool]:
-    def check() -> bool:
-        try:
-            return hasattr(_module(owner), attr)
-        except ImportError:
-            return False
-
-    return check
-
-
-def _accepts(owner: str, attr: str, keyword: str) -> Callable[[], bool]:
-    def check() -> bool:
-        fn = getattr(_module(owner), attr, None)
-        fn = getattr(fn, "__torchnext_original__", fn)
-        if fn is None:
-            return False
-        try:
-            return keyword in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            return False
-
-    return check
-
-
-def _linalg(name: str) -> Callable[[], Any]:
-    def provide() -> Any:
-        # Prefer the variant with 2.14.1's exact contract (signature, errors such as
-        # polar refusing wide matrices); torchnext.linalg's own functions go further.
-        for module_name in ("torchnext.linalg.compat214", "torchnext.linalg"):
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                continue
-            if hasattr(module, name):
-                return getattr(module, name)
-        raise ImportError(f"torchnext.linalg has no {name!r} in this version of torchnext")
-
-    return provide
-
-
-def _spec_module() -> Any:
-    # The package re-exports the function `dynamic_spec`, which shadows the submodule
-    # of the same name for `from ... import`; fetch the module itself.
-    return importlib.import_module("torchnext.control_flow.dynamic_spec")
-
-
-def _provide_decorator() -> Any:
-    from torchnext.control_flow.dynamic_spec import dynamic_spec
-
-    return dynamic_spec
-
-
-def _provide_switch() -> Any:
-    from torchnext.control_flow.switch import switch
-
-    return switch
-
-
-def _wrap(original: Any, replacement: Callable[..., Any]) -> Any:
-    functools.update_wrapper(replacement, original)
-    replacement.__torchnext_original__ = original  # type: ignore[attr-defined]
-    # update_wrapper sets __wrapped__, which would make inspect.signature report the
-    # old signature (without dynamic_shapes); the wrapper's own signature is the truth.
-    del replacement.__wrapped__  # type: ignore[attr-defined]
-    return replacement
-
-
-def _provide_compile() -> Any:
-    ds = _spec_module()
-    original = torch.compile
-
-    def compile(model: Any = None, *, dynamic_shapes: Any = None, **kwargs: Any) -> Any:
-        if model is None:
-            return functools.partial(compile, dynamic_shapes=dynamic_shapes, **kwargs)
-        if dynamic_shapes is None and getattr(ds._target(model), "_dynamic_spec", None) is None:
-            return original(model, **kwargs)
-        return ds.compile(model, dynamic_shapes=dynamic_shapes, **kwargs)
-
-    return _wrap(original, compile)
-
-
-def _provide_export() -> Any:
-    ds = _spec_module()
-    original = torch.export.export
-
-    def export(
-        mod: Any,
-        args: Any,
-        kwargs: Any = None,
-        *,
-        dynamic_shapes: Any = None,
-        **export_kwargs: Any,
-    ) -> Any:
-        has_decorator = getattr(ds._target(mod), "_dynamic_spec", None) is not None
-        if has_decorator or isinstance(dynamic_shapes, (ds.ShapesSpec, ds.ParamsSpec)):
-            return ds.export(mod, args, kwargs, dynamic_shapes=dynamic_shapes, **export_kwargs)
-        return original(mod, args, kwargs, dynamic_shapes=dynamic_shapes, **export_kwargs)
-
-    return _wrap(original, export)
-
-
-def _provide_make_fx() -> Any:
-    from torch.fx.experimental import proxy_tensor
-
-    ds = _spec_module()
-    original = proxy_tensor.make_fx
-
-    def make_fx(f: Any, *args: Any, dynamic_shapes: Any = None, **kwargs: Any) -> Any:
-        if dynamic_shapes is None and getattr(f, "_dynamic_spec", None) is None:
-            return original(f, *args, **kwargs)
-        if args:
-            raise TypeError(
-                "make_fx(dynamic_shapes=...): pass decomposition_table/tracing_mode by keyword"
-            )
-        return ds.make_fx(f, dynamic_shapes=dynamic_shapes, **kwargs)
-
-    return _wrap(original, make_fx)
-
-
-def _export_takes_spec() -> bool:
-    # 2.14 added the decorator and ShapesSpec support in export together; a decorator
-    # that torchnext installed says nothing about the exporter.
-    ours = _installed.get("torch.fx.experimental.dynamic_spec.dynamic_spec")
-    module = _module("torch.fx.experimental.dynamic_spec")
-    value = getattr(module, "dynamic_spec", _ABSENT)
-    return value is not _ABSENT and (not isinstance(ours, tuple) or value is not ours[3])
+def _native(bp: Backport | Registration) -> bool:
+    return _OWNER[bp.name].native()
 
 
 def _dtensor_rules() -> Any:
     return importlib.import_module("torchnext.compat.dtensor_rules")
 
-
-def _dtensor_rules_native() -> bool:
-    try:
-        rules = _dtensor_rules()
-        return not rules.missing_rules()
-    except ImportError:
-        return False
-
-
-def _dtensor_rules_available() -> None:
-    _dtensor_rules().missing_rules()  # raises ImportError where torch has no DTensor
-
-
-def _overlap_switch() -> Any:
-    return importlib.import_module("torchnext.compile.switch")
-
-
-def _overlap_native() -> bool:
-    try:
-        from torchnext.compat import inductor_passes
-
-        return inductor_passes.native_overlap()
-    except ImportError:
-        return False
-
-
-def _overlap_available() -> None:
-    importlib.import_module("torch._inductor.custom_graph_pass")
-
-
-def _overlap_on() -> list[str]:
-    _overlap_switch().enable_simple_overlap(True)
-    return ["simple_overlap"]
-
-
-def _overlap_off() -> list[str]:
-    _overlap_switch().enable_simple_overlap(False)
-    return ["simple_overlap"]
-
-
-BACKPORTS: tuple[Backport | Registration, ...] = (
-    Backport(
-        name="torch.linalg.polar",
-        owner="torch.linalg",
-        attr="polar",
-        native=_has_attr("torch.linalg", "polar"),
-        provide=_linalg("polar"),
-    ),
-    Backport(
-        name="torch.linalg.matrix_sqrth",
-        owner="torch.linalg",
-        attr="matrix_sqrth",
-        native=_has_attr("torch.linalg", "matrix_sqrth"),
-        provide=_linalg("matrix_sqrth"),
-    ),
-    Backport(
-        name="torch.fx.experimental.dynamic_spec.dynamic_spec",
-        owner="torch.fx.experimental.dynamic_spec",
-        attr="dynamic_spec",
-        native=_has_attr("torch.fx.experimental.dynamic_spec", "dynamic_spec"),
-        provide=_provide_decorator,
-    ),
-    Backport(
-        name="torch.compile(dynamic_shapes=)",
-        owner="torch",
-        attr="compile",
-        native=_accepts("torch", "compile", "dynamic_shapes"),
-        provide=_provide_compile,
-    ),
-    Backport(
-        name="torch.export.export(dynamic_shapes=ShapesSpec)",
-        owner="torch.export",
-        attr="export",
-        native=_export_takes_spec,
-        provide=_provide_export,
-    ),
-    Backport(
-        name="torch.fx.experimental.proxy_tensor.make_fx(dynamic_shapes=)",
-        owner="torch.fx.experimental.proxy_tensor",
-        attr="make_fx",
-        native=_accepts("torch.fx.experimental.proxy_tensor", "make_fx", "dynamic_shapes"),
-        provide=_provide_make_fx,
-    ),
-    Backport(
-        name="torch._higher_order_ops.switch",
-        owner="torch._higher_order_ops",
-        attr="switch",
-        native=_has_attr("torch._higher_order_ops", "switch"),
-        provide=_provide_switch,
-    ),
-    Registration(
-        name="DTensor sharding rules (the 77 operators 2.14 added)",
-        native=_dtensor_rules_native,
-        available=_dtensor_rules_available,
-        register=lambda: _dtensor_rules().install_rules(),
-        unregister=lambda: _dtensor_rules().uninstall_rules(),
-    ),
-    Registration(
-        name="inductor aten_distributed_optimizations.enable_simple_overlap",
-        native=_overlap_native,
-        available=_overlap_available,
-        register=_overlap_on,
-        unregister=_overlap_off,
-    ),
-)
 
 _lock = threading.Lock()
 # name -> (owner, attr, before, value) for an attribute; the Registration for a registry.
@@ -396,7 +145,7 @@ def install(*, names: list[str] | None = None) -> dict[str, Any]:
         for bp in BACKPORTS:
             if names is not None and bp.name not in names:
                 continue
-            if _is_ours(bp) or bp.native():
+            if _is_ours(bp) or _native(bp):
                 continue
             try:
                 _apply(bp)
@@ -439,7 +188,7 @@ def report() -> dict[str, Any]:
             installed.append(bp.name)
             continue
         try:
-            is_native = bp.native()
+            is_native = _native(bp)
         except Exception as exc:  # noqa: BLE001 - a probe must never break the report
             unavailable[bp.name] = f"probe failed: {type(exc).__name__}: {exc}"
             continue

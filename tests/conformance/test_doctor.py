@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+import torchnext.backport as backport
+from torchnext._capabilities import CAPABILITIES
 from torchnext._doctor import collect
 
 
@@ -42,3 +44,16 @@ def test_same_capabilities_on_213_are_provided_by_torchnext(
         if status == "native":
             # What 2.14 has natively, 2.13 must not claim natively.
             assert on_213[name] != "native", name
+
+
+def test_doctor_and_backport_agree_on_native_214() -> None:
+    # One table decides both: every name the backport knows is native here, exactly
+    # where doctor calls its capability native, and install() adds nothing.
+    status = _status(collect())
+    info = backport.report()
+    for cap in CAPABILITIES:
+        for bp in cap.backports:
+            assert status[cap.name] == "native", cap.name
+            assert bp.name in info["native"], bp.name
+    assert info["would_install"] == [] and info["unavailable"] == {}
+    assert status["control_flow.switch"] == "native"
