@@ -25,7 +25,7 @@ from torchnext.upgrade._receivers import TENSOR_ANNOTATIONS, is_tensor_expr, ten
 from torchnext.upgrade._site import CALL_FIXERS, METHOD_FIXERS, Diagnosis
 from torchnext.upgrade.value_uses import deprecated_name_code
 
-__all__ = ["SiteFinding", "TransformerCore", "noqa_map"]
+__all__ = ["Guard", "SiteFinding", "TransformerCore", "TryFrame", "noqa_map"]
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+[0-9]+(?:\s*,\s*[A-Za-z]+[0-9]+)*))?", re.I)
 
@@ -60,7 +60,9 @@ class SiteFinding:
 
 
 @dataclass
-class _Guard:
+class Guard:
+    """An open version guard (``if``/``try``) and how many rule sites it holds so far."""
+
     line: int
     column: int
     kind: str
@@ -68,7 +70,9 @@ class _Guard:
 
 
 @dataclass
-class _TryFrame:
+class TryFrame:
+    """A ``try`` statement being walked: which part, and what its handlers say about it."""
+
     node: cst.Try
     in_body: bool = True
     raises_typeerror_214: bool = False
@@ -115,8 +119,8 @@ class TransformerCore(cst.CSTTransformer):
         self.extra_imports: set[str] = set()
         self.source_text = source_text
         self.green_contexts = "GreenContext" in source_text or "green_context" in source_text
-        self._guards: list[_Guard] = []
-        self._tries: list[_TryFrame] = []
+        self._guards: list[Guard] = []
+        self._tries: list[TryFrame] = []
         self._scopes: list[_Scope] = [_Scope()]
         self._classes: list[tuple[bool, int]] = []  # (is ProcessGroup subclass, function depth)
         self._func_depth = 0
@@ -124,7 +128,7 @@ class TransformerCore(cst.CSTTransformer):
         self._exempt: set[int] = set()
         self._if_guards: set[int] = set()
         self._bare_exprs: set[int] = set()  # if/while tests and assigned values: no parens needed
-        self._trailing: dict[int, _Guard] = {}
+        self._trailing: dict[int, Guard] = {}
         # `U, S, V = <call>`: call id -> "V"; and calls whose V must become `V = V.mH`.
         self._unpacked_v: dict[int, str] = {}
         self._svd_fixed: dict[int, str] = {}

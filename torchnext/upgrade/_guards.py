@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from torchnext.upgrade._core import TransformerCore, _Guard, _TryFrame
+from torchnext.upgrade._core import Guard, TransformerCore, TryFrame
 from torchnext.upgrade._cst import dotted_name
 from torchnext.upgrade._retries import retry_handler
 from torchnext.upgrade._site import Diagnosis
@@ -35,7 +35,7 @@ class GuardTracking(TransformerCore):
 
     def _push_guard(self, node: cst.CSTNode, kind: str) -> None:
         pos = self.get_metadata(PositionProvider, node)
-        self._guards.append(_Guard(pos.start.line, pos.start.column + 1, kind))
+        self._guards.append(Guard(pos.start.line, pos.start.column + 1, kind))
 
     def _pop_guard(self, node: cst.CSTNode) -> None:
         guard = self._guards.pop()
@@ -62,7 +62,7 @@ class GuardTracking(TransformerCore):
             ):
                 pos = self.get_metadata(PositionProvider, stmt)
                 for later in body[i + 1 :]:
-                    self._trailing[id(later)] = _Guard(
+                    self._trailing[id(later)] = Guard(
                         pos.start.line, pos.start.column + 1, "version guard's fallback"
                     )
 
@@ -76,7 +76,7 @@ class GuardTracking(TransformerCore):
     def on_visit(self, node: cst.CSTNode) -> bool:
         guard = self._trailing.get(id(node))
         if guard is not None:
-            self._guards.append(_Guard(guard.line, guard.column, guard.kind))
+            self._guards.append(Guard(guard.line, guard.column, guard.kind))
         return super().on_visit(node)
 
     def on_leave(
@@ -110,7 +110,7 @@ class GuardTracking(TransformerCore):
         return {n.rsplit(".", 1)[-1] for n in (dotted_name(e) for e in exprs) if n}
 
     def visit_Try(self, node: cst.Try) -> None:
-        frame = _TryFrame(node)
+        frame = TryFrame(node)
         self._tries.append(frame)
         caught = (
             set().union(*(self._handler_names(h) for h in node.handlers))
