@@ -214,6 +214,11 @@ def _spec_module() -> Any:
     return importlib.import_module("torchnext.control_flow.dynamic_spec")
 
 
+def _spec_target(fn_or_module: Any) -> Any:
+    # Where @dynamic_spec leaves its mark: a module's forward, or the function itself.
+    return fn_or_module.forward if isinstance(fn_or_module, torch.nn.Module) else fn_or_module
+
+
 def _provide_decorator() -> Any:
     from torchnext.control_flow.dynamic_spec import dynamic_spec
 
@@ -242,7 +247,7 @@ def _provide_compile() -> Any:
     def compile(model: Any = None, *, dynamic_shapes: Any = None, **kwargs: Any) -> Any:
         if model is None:
             return functools.partial(compile, dynamic_shapes=dynamic_shapes, **kwargs)
-        if dynamic_shapes is None and getattr(ds._target(model), "_dynamic_spec", None) is None:
+        if dynamic_shapes is None and getattr(_spec_target(model), "_dynamic_spec", None) is None:
             return original(model, **kwargs)
         return ds.compile(model, dynamic_shapes=dynamic_shapes, **kwargs)
 
@@ -261,7 +266,7 @@ def _provide_export() -> Any:
         dynamic_shapes: Any = None,
         **export_kwargs: Any,
     ) -> Any:
-        has_decorator = getattr(ds._target(mod), "_dynamic_spec", None) is not None
+        has_decorator = getattr(_spec_target(mod), "_dynamic_spec", None) is not None
         if has_decorator or isinstance(dynamic_shapes, (ds.ShapesSpec, ds.ParamsSpec)):
             return ds.export(mod, args, kwargs, dynamic_shapes=dynamic_shapes, **export_kwargs)
         return original(mod, args, kwargs, dynamic_shapes=dynamic_shapes, **export_kwargs)
