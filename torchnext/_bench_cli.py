@@ -4,6 +4,10 @@ Each benchmark script defines ``main(argv: list[str]) -> int``; the arguments af
 ``NAME`` are passed to it unchanged (``torchnext bench linalg --quick``). The scripts
 are found in ``$TORCHNEXT_BENCH_DIR``, else ``./benchmarks``, else the ``benchmarks``
 folder of the source checkout torchnext was installed from.
+
+Scripts that time with :func:`torchnext.benchmarking.compare` show its repetitions as
+a progress bar on stderr (plain lines when stderr is not a terminal, nothing when
+``CI`` is set); their tables and ``--json`` output on stdout are unchanged by it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Use it when a claim is "A is X times faster than B": :func:`compare` runs the
 candidates *interleaved* in one process (A, B, A, B, ... after a warm-up), so drift of
 the machine (frequency, other load) hits all of them alike, and reports the median and
 spread of each plus the ratio of medians. :class:`Report` prints a fixed-width table
-and writes ``benchmarks/results/NAME.json``.
+and writes ``benchmarks/results/NAME.json``. While :func:`compare` runs, its
+repetitions show as a progress bar on stderr (see :mod:`torchnext._progress`; nothing
+under ``CI``), never on stdout, which holds the table.
 
 Do not assume the absolute times transfer between machines; the ratios are the claim.
 """
@@ -21,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from torchnext._progress import progress
 
 __all__ = ["Timing", "compare", "time_once", "Report", "results_dir", "percentile"]
 
@@ -116,17 +120,22 @@ def compare(
         if name in prepare:
             prepare[name]()
 
-    for _ in range(warmup):
-        for name in names:
-            ready(name)
-            candidates[name]()
     samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(reps):
-        # Rotate the order so no candidate always runs right after the same other one.
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            ready(name)
-            samples[name].append(time_once(candidates[name], inner))
+    # One unit per round of all candidates; the bar advances between rounds, never
+    # inside a timed call.
+    with progress(warmup + reps, f"bench {' vs '.join(names)}", unit="rounds") as bar:
+        for _ in range(warmup):
+            for name in names:
+                ready(name)
+                candidates[name]()
+            bar.advance()
+        for r in range(reps):
+            # Rotate the order so no candidate always runs right after the same other one.
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order:
+                ready(name)
+                samples[name].append(time_once(candidates[name], inner))
+            bar.advance()
     return {n: Timing(n, tuple(s)) for n, s in samples.items()}
 
 
@@ -175,9 +184,9 @@ class Report:
         widths = [
             max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(self.columns)
         ]
-        lines = ["  ".join(c.rjust(w) for c, w in zip(self.columns, widths))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(self.columns, widths, strict=True))]
         lines.append("  ".join("-" * w for w in widths))
-        lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+        lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
         return "\n".join(lines)
 
     def write(self, path: Path | None = None) -> Path:

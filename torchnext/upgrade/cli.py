@@ -65,7 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-j", "--jobs", type=int, default=0, help="worker processes (0: automatic, 1: no pool)"
     )
-    parser.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="never report progress on stderr (shown for 50 files or more, never when CI is set)",
+    )
     parser.add_argument(
         "--explain", metavar="CODE", default=None, help="print a rule's documentation"
     )
@@ -130,7 +134,8 @@ def _run(args: argparse.Namespace) -> int:
         fix_level=fix_level,
         write=bool(args.fix and not args.diff),
         jobs=args.jobs,
-        progress=sys.stderr.isatty() and not args.no_progress,
+        # Whether it is a bar, plain lines or nothing is _progress's call (terminal, CI).
+        progress=not args.no_progress,
     )
     results = run(files, options)
     tool_error = any(r.error for r in results)

@@ -7,6 +7,10 @@ explicitly are always processed. Large runs use a process pool; each worker read
 fixes and (when asked) writes its files, so a failure on one file becomes that file's
 error and never stops the run.
 
+With ``progress`` on and at least 50 files, the run reports files done on stderr
+through :mod:`torchnext._progress` (a bar on a terminal, plain lines otherwise, nothing
+under ``CI``); stdout, which ``--output-format json`` and ``--diff`` fill, never sees it.
+
 Writes are atomic (a temporary file in the same folder, then ``os.replace``) and keep
 the file's permission bits; a file is only written if its new text parsed and a
 second pass changed nothing.
@@ -18,13 +22,13 @@ import dataclasses
 import fnmatch
 import os
 import stat
-import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchnext._progress import ProgressBar, progress
 from torchnext.errors import UpgradeError
 from torchnext.upgrade.config import DEFAULT_EXCLUDE
 from torchnext.upgrade.findings import FileResult, Finding
@@ -34,6 +38,8 @@ __all__ = ["RunOptions", "discover", "process_file", "run", "check_paths"]
 _SUFFIXES = (".py", ".ipynb")
 _PARALLEL_MIN_FILES = 48
 _BATCH = 24
+# Below this a run takes about a second: a bar would only flicker.
+_PROGRESS_MIN_FILES = 50
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +55,7 @@ class RunOptions:
     jobs: int = 0
     """Worker processes; 0 picks ``min(cpu_count, 8)``; 1 runs in this process."""
     progress: bool = False
-    """Draw a progress bar on stderr."""
+    """Report progress on stderr when there are at least 50 files (module docstring)."""
 
     def __post_init__(self) -> None:
         if self.jobs < 0:
@@ -161,28 +167,6 @@ def _process_batch(paths: list[str], options: RunOptions) -> list[FileResult]:
     return [process_file(p, options) for p in paths]
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total = total
-        self.done = 0
-        self.enabled = enabled and total > 0
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        if self.enabled:
-            width = 30
-            filled = width * self.done // self.total
-            sys.stderr.write(
-                f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} files"
-            )
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r" + " " * 60 + "\r")
-            sys.stderr.flush()
-
-
 def run(
     files: Sequence[Path],
     options: RunOptions,
@@ -190,37 +174,41 @@ def run(
 ) -> list[FileResult]:
     """Process ``files`` (in parallel when there are many); results in input order."""
     names = [str(f) for f in files]
-    jobs = options.jobs or min(os.cpu_count() or 1, 8)
-    progress = _Progress(len(names), options.progress)
+    shown = len(names) if options.progress and len(names) >= _PROGRESS_MIN_FILES else 0
     results: dict[str, FileResult] = {}
-    try:
-        if jobs <= 1 or len(names) < _PARALLEL_MIN_FILES:
-            for name in names:
-                results[name] = process_file(name, options)
-                progress.advance(1)
-        else:
-            batches = [names[i : i + _BATCH] for i in range(0, len(names), _BATCH)]
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = {pool.submit(_process_batch, b, options): b for b in batches}
-                for future in as_completed(futures):
-                    batch = futures[future]
-                    try:
-                        batch_results = future.result()
-                    except Exception as exc:  # a crashed worker: mark its files, go on
-                        batch_results = [
-                            FileResult(path=p, error=f"worker failed: {type(exc).__name__}: {exc}")
-                            for p in batch
-                        ]
-                    for r in batch_results:
-                        results[r.path] = r
-                    progress.advance(len(batch))
-    finally:
-        progress.close()
+    with progress(shown, "torchnext upgrade", unit="files", transient=True) as bar:
+        _run_all(names, options, results, bar)
     ordered = [results[n] for n in names]
     if on_result is not None:
         for r in ordered:
             on_result(r)
     return ordered
+
+
+def _run_all(
+    names: list[str], options: RunOptions, results: dict[str, FileResult], bar: ProgressBar
+) -> None:
+    jobs = options.jobs or min(os.cpu_count() or 1, 8)
+    if jobs <= 1 or len(names) < _PARALLEL_MIN_FILES:
+        for name in names:
+            results[name] = process_file(name, options)
+            bar.advance()
+        return
+    batches = [names[i : i + _BATCH] for i in range(0, len(names), _BATCH)]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(_process_batch, b, options): b for b in batches}
+        for future in as_completed(futures):
+            batch = futures[future]
+            try:
+                batch_results = future.result()
+            except Exception as exc:  # a crashed worker: mark its files, go on
+                batch_results = [
+                    FileResult(path=p, error=f"worker failed: {type(exc).__name__}: {exc}")
+                    for p in batch
+                ]
+            for r in batch_results:
+                results[r.path] = r
+            bar.advance(len(batch))
 
 
 def check_paths(
