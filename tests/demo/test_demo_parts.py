@@ -1,12 +1,12 @@
-"""The demo's parts that need no processes: PNG writer, plot, view, data, reference run."""
+"""The demo's parts that need no processes: plot, live view, fallback, data, reference run."""
 
 from __future__ import annotations
 
 import io
 import math
-import struct
-import zlib
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,69 +14,98 @@ import pytest
 from torchnext.demo.cli import parse_fault
 from torchnext.demo.data import load_dataset
 from torchnext.demo.driver import DemoConfig
-from torchnext.demo.plot import Marker, write_plot
-from torchnext.demo.png import Canvas
+from torchnext.demo.plot import MARKER_GID, Marker, draw_plot, write_plot
 from torchnext.demo.trainer import reference_run
-from torchnext.demo.view import LiveState, LiveView, format_summary
+from torchnext.demo.view import (
+    LiveState,
+    LiveView,
+    extras_hint,
+    format_summary,
+    missing_extras,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _decode_png(data: bytes) -> np.ndarray:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, width = 8, b"", 0
-    height = 0
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        tag = data[pos + 4 : pos + 8]
-        body = data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        assert crc == zlib.crc32(tag + body), f"bad CRC in {tag!r}"
-        if tag == b"IHDR":
-            width, height, depth, color = struct.unpack(">IIBB", body[:10])
-            assert (depth, color) == (8, 2)
-        elif tag == b"IDAT":
-            idat += body
-        pos += 12 + length
-    rows = np.frombuffer(zlib.decompress(idat), dtype=np.uint8).reshape(height, 1 + width * 3)
-    assert (rows[:, 0] == 0).all()  # filter type "none" on every row
-    return rows[:, 1:].reshape(height, width, 3)
+def _plot_args() -> dict[str, Any]:
+    steps = list(range(1, 51))
+    return {
+        "title": "torchnext demo: 4 workers, 2 faults, healed in place",
+        "steps": steps,
+        "losses": [math.exp(-s / 10) for s in steps],
+        "world_sizes": [4 if s < 20 else 3 if s < 30 else 4 for s in steps],
+        "reference_steps": steps,
+        "reference_losses": [math.exp(-s / 10) for s in steps],
+        "markers": [
+            Marker(step=20, kind="kill", label="sigkill n0w1"),
+            Marker(step=24, kind="heal", label="healed n0w1.r1"),
+            Marker(step=30, kind="stop", label="sigstop n0w2"),
+            Marker(step=33, kind="heal", label="healed n0w2.r1"),
+        ],
+    }
 
 
-def test_png_round_trips_pixels() -> None:
-    c = Canvas(40, 20, background=(10, 20, 30))
-    c.rect(5, 5, 9, 7, (255, 0, 0))
-    c.line(0, 19, 39, 19, (0, 255, 0))
-    img = _decode_png(c.to_png())
-    assert img.shape == (20, 40, 3)
-    assert tuple(img[0, 0]) == (10, 20, 30)
-    assert tuple(img[6, 7]) == (255, 0, 0)
-    assert (img[19, :, 1] == 255).all()
+def test_plot_draws_loss_on_log_axis_world_size_below_and_markers() -> None:
+    pytest.importorskip("matplotlib")
+    fig = draw_plot(**_plot_args())
+    loss_ax, world_ax = fig.axes
+    assert len(fig.axes) == 2
+    assert loss_ax.get_yscale() == "log" and world_ax.get_yscale() == "linear"
+    assert loss_ax.get_shared_x_axes().joined(loss_ax, world_ax)
+    assert loss_ax.get_position().y0 > world_ax.get_position().y1  # world size is below
+    assert (loss_ax.get_ylabel(), world_ax.get_ylabel(), world_ax.get_xlabel()) == (
+        "loss",
+        "world size",
+        "step",
+    )
+    assert fig.get_suptitle() == "torchnext demo: 4 workers, 2 faults, healed in place"
+    # Four markers, a dashed line in each panel for each.
+    for ax in (loss_ax, world_ax):
+        lines = [ln for ln in ax.get_lines() if ln.get_gid() == MARKER_GID]
+        assert len(lines) == 4
+        assert sorted(float(np.asarray(ln.get_xdata())[0]) for ln in lines) == [20, 24, 30, 33]
+    notes = sorted(t.get_text() for t in loss_ax.texts)
+    assert notes == ["healed n0w1.r1", "healed n0w2.r1", "sigkill n0w1", "sigstop n0w2"]
+    (legend,) = fig.legends
+    # Each kind once, in a fixed order, labels lower-case.
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "reference (no faults)",
+        "with faults",
+        "sigkill",
+        "sigstop",
+        "healed",
+    ]
+    world_line = world_ax.get_lines()[0]
+    assert np.asarray(world_line.get_ydata())[:20].tolist() == [4] * 19 + [3]
 
 
-def test_text_draws_glyph_pixels_and_clips() -> None:
-    c = Canvas(30, 10)
-    end = c.text(1, 1, "a1", (0, 0, 0))
-    assert end == 13
-    assert (c.img_HW3[1:8, 1:12] == 0).any()
-    c.text(25, 5, "WWW", (0, 0, 0), scale=3)  # runs off the edge: clipped, no error
+def test_plot_of_a_loss_that_is_never_positive_stays_linear() -> None:
+    pytest.importorskip("matplotlib")
+    fig = draw_plot(title="t", steps=[1, 2], losses=[0.0, float("nan")], world_sizes=[2, 2])
+    assert fig.axes[0].get_yscale() == "linear"
 
 
 def test_write_plot_makes_a_png(tmp_path: Path) -> None:
-    steps = list(range(1, 51))
-    out = write_plot(
-        tmp_path / "p.png",
-        title="t",
-        steps=steps,
-        losses=[math.exp(-s / 10) for s in steps],
-        world_sizes=[4 if s < 20 else 3 for s in steps],
-        reference_steps=steps,
-        reference_losses=[math.exp(-s / 10) for s in steps],
-        markers=[Marker(step=20, kind="kill", label="SIGKILL N0W1")],
-    )
-    img = _decode_png(out.read_bytes())
-    assert img.shape == (560, 960, 3)
-    assert ((img == (214, 39, 40)).all(axis=2)).any()  # the red fault marker is there
+    image = pytest.importorskip("matplotlib.image")
+    out = write_plot(tmp_path / "p.png", **_plot_args())
+    assert out.read_bytes()[:8] == PNG_SIGNATURE
+    pixels = image.imread(out)
+    assert pixels.shape[:2] == (600, 960)
+    rgb = (pixels[..., :3] * 255).round()
+    red = (abs(rgb - np.array([214, 39, 40])) <= 12).all(axis=2)
+    assert red.any()  # the fault marker was drawn in its colour
     with pytest.raises(ValueError, match="same length"):
         write_plot(tmp_path / "q.png", title="t", steps=[1], losses=[], world_sizes=[1])
+    with pytest.raises(ValueError, match="same length"):
+        write_plot(
+            tmp_path / "q.png",
+            title="t",
+            steps=[1],
+            losses=[1.0],
+            world_sizes=[1],
+            reference_steps=[1, 2],
+            reference_losses=[1.0],
+        )
 
 
 def test_plain_view_prints_events_once() -> None:
@@ -86,22 +115,108 @@ def test_plain_view_prints_events_once() -> None:
     state.events.append("n0w1: failure detected")
     view.render(state)
     view.render(state)
+    view.close()
     text = out.getvalue()
     assert text.count("failure detected") == 1
     assert "step     3/10" in text
+    assert "\x1b" not in text
 
 
-def test_interactive_view_redraws_in_place() -> None:
+def _record(width: int = 110) -> Any:
+    from rich.console import Console
+
+    return Console(record=True, width=width, file=io.StringIO(), color_system=None)
+
+
+def test_live_view_shows_ranks_steps_and_events_on_a_rich_console() -> None:
+    pytest.importorskip("rich")
+    console = _record()
+    view = LiveView(console=console, max_events=3)
+    assert view.interactive
+    state = LiveState(total_steps=300, world_size=4, members=("n0w0", "n0w1", "n0w2", "n0w3"))
+    view.render(state)
+    state.step, state.loss, state.world_size, state.phase = 120, 0.1234, 3, "training"
+    state.members = ("n0w0", "n0w2", "n0w3")
+    state.events += [
+        "demo: SIGKILL -> n0w1 (pid 42) after step 80",
+        "failure detected, epoch 1 revoked: peer n0w1 closed",
+        "shrink: removed ['n0w1'] -> world 3 ['n0w0', 'n0w2', 'n0w3']",
+        "n0w1.r1 healed from n0w0 over the network (0.10 MB in 0.05 s), at step 95",
+    ]
+    view.render(state)
+    view.close()
+    view.close()  # idempotent
+    text = console.export_text()
+    assert "world size 3" in text
+    rows = [line for line in text.splitlines() if "n0w" in line and "0.1234" in line]
+    assert len(rows) == 3
+    assert any(r.split()[:4] == ["│", "0", "│", "n0w0"] for r in rows)
+    assert any("2" in r.split() and "n0w3" in r and "120" in r for r in rows)
+    assert "120/300" in text and "training" in text
+    # The log keeps the last three events.
+    assert "SIGKILL -> n0w1" not in text
+    assert "failure detected" in text and "healed from n0w0" in text
+    assert "events" in text
+
+
+def test_live_view_colours_faults_red_and_heals_green() -> None:
+    pytest.importorskip("rich")
+    from rich.console import Console
+
     out = io.StringIO()
-    view = LiveView(out, interactive=True, max_events=3)
-    state = LiveState(total_steps=10)
+    console = Console(file=out, force_terminal=True, width=110, color_system="standard")
+    view = LiveView(console=console)
+    state = LiveState(total_steps=10, step=10, loss=0.5, world_size=2, members=("a", "b"))
+    state.events += ["demo: SIGSTOP -> b (pid 7) after step 5", "b.r1 healed from a"]
     view.render(state)
-    view.render(state)
-    assert "\x1b[7F" in out.getvalue()  # moved up over the 7 lines drawn before
+    view.close()
+    text = out.getvalue()
+    assert "\x1b[31mdemo: SIGSTOP" in text  # red
+    assert "\x1b[32mb.r1 healed" in text  # green
 
 
-def test_summary_text_has_the_issue_fields() -> None:
-    summary = {
+def test_without_the_extra_the_view_is_plain_and_a_hint_names_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("rich", "rich.live", "matplotlib"):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert missing_extras() == ["rich", "matplotlib"]
+    hint = extras_hint(missing_extras())
+    assert hint == (
+        "torchnext demo: the live view and the loss plot need rich and matplotlib: "
+        "pip install 'torchnext[demo]'"
+    )
+    with pytest.raises(ImportError):
+        draw_plot(title="t", steps=[1], losses=[1.0], world_sizes=[1])
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    view = LiveView(out)  # a terminal, but no rich: plain lines
+    assert not view.interactive
+    state = LiveState(total_steps=5, step=5, loss=0.25, world_size=2)
+    state.events.append("shrink: removed ['n0w1'] -> world 1 ['n0w0']")
+    view.render(state)
+    view.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  event: shrink: removed ['n0w1'] -> world 1 ['n0w0']"
+    assert lines[1].startswith("step     5/5 [##############################] loss  0.2500")
+
+
+def test_hint_names_only_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert extras_hint(["matplotlib"]) == (
+        "torchnext demo: the loss plot needs matplotlib: pip install 'torchnext[demo]'"
+    )
+    assert "not drawn (needs matplotlib: pip install 'torchnext[demo]')" in format_summary(
+        _summary(plot="")
+    )
+
+
+def _summary(**overrides: Any) -> dict[str, Any]:
+    summary: dict[str, Any] = {
         "dataset": "d",
         "model": "m",
         "workers": 4,
@@ -120,7 +235,12 @@ def test_summary_text_has_the_issue_fields() -> None:
         "replicas_identical": True,
         "plot": "x.png",
     }
-    text = format_summary(summary)
+    summary.update(overrides)
+    return summary
+
+
+def test_summary_text_has_the_issue_fields() -> None:
+    text = format_summary(_summary())
     for word in (
         "failures",
         "recovery",

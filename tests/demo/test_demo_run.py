@@ -60,3 +60,45 @@ def test_demo_json_survives_kill_and_stop(tmp_path: Path) -> None:
     assert summary["max_param_diff_vs_reference"] < 1e-2
     assert summary["replacements"] >= 1
     assert Path(summary["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+_WITHOUT_EXTRA = (
+    "import sys\n"
+    "sys.modules['rich'] = None\n"  # what an import of a missing package raises: ImportError
+    "sys.modules['matplotlib'] = None\n"
+    "from torchnext.cli import main\n"
+    "raise SystemExit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.slow
+def test_demo_without_the_extra_prints_plain_lines_and_the_hint(tmp_path: Path) -> None:
+    plot = tmp_path / "demo.png"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _WITHOUT_EXTRA,
+            "demo",
+            "--workers=2",
+            "--steps=30",
+            "--no-faults",
+            "--pace-ms=0",
+            "--generated-data",
+            f"--plot={plot}",
+            "--timeout-s=100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=115,
+        env={**os.environ, "TORCHNEXT_HEARTBEAT_TIMEOUT": "3"},
+    )
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    hint = "pip install 'torchnext[demo]'"
+    assert [line for line in proc.stderr.splitlines() if hint in line] == [
+        "torchnext demo: the live view and the loss plot need rich and matplotlib: " + hint
+    ]
+    assert "\x1b" not in proc.stdout
+    assert "step    30/30 [##############################]" in proc.stdout
+    assert "not drawn (needs matplotlib" in proc.stdout
+    assert not plot.exists()

@@ -2,7 +2,9 @@
 
 Modules: :mod:`.cli` (the command), :mod:`.driver` (runs it), :mod:`.trainer` (the
 worker script, also an example for ``torchnext run``), :mod:`.data` (dataset),
-:mod:`.view` (terminal output), :mod:`.plot` and :mod:`.png` (the PNG figure).
+:mod:`.view` (terminal output, drawn with ``rich``), :mod:`.plot` (the PNG figure,
+drawn with ``matplotlib``). Both libraries come with the ``[demo]`` extra; without
+them the demo prints plain lines and says how to get the picture.
 """
 
 from __future__ import annotations

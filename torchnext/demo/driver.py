@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import torch
 
 from torchnext.demo.plot import Marker, write_plot
 from torchnext.demo.trainer import KEY, reference_run
-from torchnext.demo.view import LiveState, LiveView
+from torchnext.demo.view import LiveState, LiveView, extras_hint, missing_extras
 from torchnext.distributed.launcher import FINISHED_KEY, Agent, AgentConfig, AgentEvent
 
 __all__ = ["DemoConfig", "run_demo"]
@@ -144,6 +145,10 @@ def run_demo(config: DemoConfig, *, live: bool = True) -> dict[str, Any]:
     """Run the whole demo; returns the summary (see the module docstring for its keys)."""
     from torchnext.demo.data import load_dataset
 
+    missing = missing_extras()
+    if missing:
+        # stderr, so that --json's stdout stays one JSON document.
+        print(extras_hint(missing), file=sys.stderr, flush=True)
     t_start = time.time()
     data = load_dataset(prefer_real=not config.generated_data, seed=config.seed)
     # One thread: the model is tiny, and intra-op threads only contend with the workers
@@ -156,7 +161,6 @@ def run_demo(config: DemoConfig, *, live: bool = True) -> dict[str, Any]:
         )
     finally:
         torch.set_num_threads(threads)
-    view = LiveView() if live else None
     state = LiveState(total_steps=config.steps, world_size=config.workers)
     shown_events = 0
     seen_events: set[tuple[Any, ...]] = set()
@@ -190,6 +194,7 @@ def run_demo(config: DemoConfig, *, live: bool = True) -> dict[str, Any]:
         t_agent0 = time.time()
         pending = sorted(config.faults, key=lambda f: f[2])
         timed_out = False
+        view = LiveView() if live else None
         try:
             agent.start()
             poller = _Poller(agent.store)
@@ -256,8 +261,9 @@ def run_demo(config: DemoConfig, *, live: bool = True) -> dict[str, Any]:
             }
         finally:
             agent.close()
-        if view is not None:
-            view.render(state)
+            if view is not None:
+                view.render(state)
+                view.close()
 
     return _summarise(
         config=config,
@@ -344,17 +350,17 @@ def _summarise(
         Marker(
             step=f["step"],
             kind=f["kind"],
-            label=f"{'SIGKILL' if f['kind'] == 'kill' else 'SIGSTOP'} {f['member']}",
+            label=f"{'sigkill' if f['kind'] == 'kill' else 'sigstop'} {f['member']}",
         )
         for f in fault_log
     ]
     for e in events:
         if e["kind"] == "healed":
             markers.append(
-                Marker(step=e["detail"].get("step", 0), kind="heal", label=f"HEALED {e['member']}")
+                Marker(step=e["detail"].get("step", 0), kind="heal", label=f"healed {e['member']}")
             )
     plot_path = ""
-    if steps_sorted:
+    if steps_sorted and "matplotlib" not in missing_extras():
         plot_path = str(
             write_plot(
                 config.plot,

@@ -1,9 +1,15 @@
-"""The demo's PNG: loss against step, world size below it, failures marked.
+"""The demo's PNG: loss against step, world size below it, faults and heals marked.
 
-Top panel: the fault-injected run's loss (blue) over the failure-free reference run
-of the same seed (grey); dashed vertical lines mark faults (red: SIGKILL, orange:
-SIGSTOP) and heals (green). Bottom strip: world size per committed step. Drawn with
-:class:`torchnext.demo.png.Canvas`, so no plotting library is needed.
+Top panel: the fault-injected run's loss (blue) over the failure-free reference run of
+the same seed (wide, pale grey), on a log axis; dashed vertical lines mark faults
+(red: SIGKILL, orange: SIGSTOP) and heals (green), in both panels, each kind once in
+the legend below the panels. Bottom panel: world size per committed step, sharing the
+step axis.
+
+Drawn with ``matplotlib`` (the ``[demo]`` extra) through its object API (a
+:class:`~matplotlib.figure.Figure` on an Agg canvas), so no global backend is chosen
+and nothing needs a display; it is imported only when a plot is drawn, and
+:func:`draw_plot` / :func:`write_plot` raise ``ImportError`` without it.
 """
 
 from __future__ import annotations
@@ -12,38 +18,133 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from torchnext.demo.png import Canvas, Color
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-__all__ = ["Marker", "write_plot"]
+__all__ = ["Marker", "draw_plot", "write_plot", "MARKER_GID"]
 
-BLUE: Color = (31, 119, 180)
-GREY: Color = (200, 200, 200)
-RED: Color = (214, 39, 40)
-ORANGE: Color = (255, 127, 14)
-GREEN: Color = (44, 160, 44)
-BLACK: Color = (0, 0, 0)
-LIGHT: Color = (230, 230, 230)
-
-_KIND_COLORS: dict[str, Color] = {"kill": RED, "stop": ORANGE, "heal": GREEN}
+BLUE = "#1f77b4"
+GREY = "#c8c8c8"
+KIND_COLORS: dict[str, str] = {"kill": "#d62728", "stop": "#ff7f0e", "heal": "#2ca02c"}
+KIND_LABELS: dict[str, str] = {"kill": "sigkill", "stop": "sigstop", "heal": "healed"}
+MARKER_GID = "torchnext-demo-marker"
+"""The ``gid`` of every fault/heal line, so a test can count them on the figure."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Marker:
     step: float
     kind: str
-    """``kill``, ``stop`` or ``heal`` (sets the colour)."""
+    """``kill``, ``stop`` or ``heal`` (sets the colour and the legend entry)."""
     label: str
 
 
-def _fmt(v: float) -> str:
-    if v == 0:
-        return "0"
-    if abs(v) >= 100:
-        return f"{v:.0f}"
-    if abs(v) >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3f}"
+def draw_plot(
+    *,
+    title: str,
+    steps: Sequence[int],
+    losses: Sequence[float],
+    world_sizes: Sequence[int],
+    reference_steps: Sequence[int] = (),
+    reference_losses: Sequence[float] = (),
+    markers: Sequence[Marker] = (),
+    width: int = 960,
+    height: int = 600,
+) -> Figure:
+    """The figure (two axes: loss, world size); ``ValueError`` when the series differ in length."""
+    if len(steps) != len(losses) or len(steps) != len(world_sizes):
+        raise ValueError(
+            f"write_plot: steps ({len(steps)}), losses ({len(losses)}) and world_sizes "
+            f"({len(world_sizes)}) must have the same length."
+        )
+    if len(reference_steps) != len(reference_losses):
+        raise ValueError(
+            f"write_plot: reference_steps ({len(reference_steps)}) and reference_losses "
+            f"({len(reference_losses)}) must have the same length."
+        )
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    dpi = 100
+    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    loss_ax, world_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    fig.suptitle(title)
+
+    if reference_steps:
+        # Wide and pale, under the faulty run's line: where they coincide it shows as a halo.
+        loss_ax.plot(
+            reference_steps,
+            reference_losses,
+            color=GREY,
+            linewidth=6,
+            solid_capstyle="round",
+            label="reference (no faults)",
+            zorder=1,
+        )
+    loss_ax.plot(steps, losses, color=BLUE, linewidth=1.6, label="with faults", zorder=2)
+    positive = [v for v in list(losses) + list(reference_losses) if math.isfinite(v) and v > 0]
+    # A log axis needs a positive value to show; otherwise matplotlib warns and draws nothing.
+    if positive:
+        loss_ax.set_yscale("log")
+    loss_ax.set_ylabel("loss")
+    loss_ax.grid(True, which="major", color="#e6e6e6")
+
+    world_ax.step(steps, world_sizes, where="post", color=BLUE, linewidth=1.6)
+    top = max(list(world_sizes) + [1])
+    world_ax.set_ylim(0, top + 0.6)
+    world_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    world_ax.set_ylabel("world size")
+    world_ax.set_xlabel("step")
+    world_ax.grid(True, color="#e6e6e6")
+
+    in_legend: set[str] = set()
+    for i, m in enumerate(sorted(markers, key=lambda m: m.step)):
+        color = KIND_COLORS.get(m.kind, "black")
+        legend = KIND_LABELS.get(m.kind, m.kind)
+        for ax in (loss_ax, world_ax):
+            line = ax.axvline(
+                m.step,
+                color=color,
+                linestyle="--",
+                linewidth=1.2,
+                label=legend if ax is loss_ax and legend not in in_legend else "_nolegend_",
+                zorder=3,
+            )
+            line.set_gid(MARKER_GID)
+        in_legend.add(legend)
+        # Staggered down the panel so labels of close markers do not overlap.
+        loss_ax.annotate(
+            m.label,
+            xy=(m.step, 1.0 - 0.07 * (i % 4)),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -3),
+            textcoords="offset points",
+            va="top",
+            fontsize=8,
+            color=color,
+        )
+    # Below the panels, in a fixed order: inside them it would cover a marker's label.
+    handles, labels = loss_ax.get_legend_handles_labels()
+    order = ["reference (no faults)", "with faults", *KIND_LABELS.values()]
+    ranked = sorted(
+        zip(handles, labels, strict=True),
+        key=lambda hl: order.index(hl[1]) if hl[1] in order else len(order),
+    )
+    fig.legend(
+        [h for h, _ in ranked],
+        [lab for _, lab in ranked],
+        loc="outside lower center",
+        ncols=len(ranked),
+        fontsize=9,
+        frameon=False,
+    )
+    x_max = max(list(steps) + list(reference_steps) + [1])
+    loss_ax.set_xlim(0, x_max)
+    return fig
 
 
 def write_plot(
@@ -57,86 +158,20 @@ def write_plot(
     reference_losses: Sequence[float] = (),
     markers: Sequence[Marker] = (),
     width: int = 960,
-    height: int = 560,
+    height: int = 600,
 ) -> Path:
-    """Draw the figure and write it to ``path``; returns the path."""
-    if len(steps) != len(losses) or len(steps) != len(world_sizes):
-        raise ValueError(
-            f"write_plot: steps ({len(steps)}), losses ({len(losses)}) and world_sizes "
-            f"({len(world_sizes)}) must have the same length."
-        )
-    c = Canvas(width, height)
-    left, right, top = 70, width - 20, 40
-    loss_bottom = int(height * 0.68)
-    ws_top, ws_bottom = loss_bottom + 40, height - 40
-    c.text(left, 12, title, BLACK, scale=2)
-
-    all_steps = list(steps) + list(reference_steps)
-    x_max = max(all_steps, default=1) or 1
-    finite = [v for v in list(losses) + list(reference_losses) if math.isfinite(v)]
-    y_lo, y_hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    if y_hi - y_lo < 1e-9:
-        y_hi = y_lo + 1.0
-
-    def sx(step: float) -> float:
-        return left + (right - left) * step / x_max
-
-    def sy(v: float) -> float:
-        return loss_bottom - (loss_bottom - top) * (v - y_lo) / (y_hi - y_lo)
-
-    # Axes, grid and tick labels.
-    for i in range(5):
-        v = y_lo + (y_hi - y_lo) * i / 4
-        y = sy(v)
-        c.line(left, y, right, y, LIGHT)
-        label = _fmt(v)
-        c.text(left - 6 - c.text_width(label), int(y) - 3, label, BLACK)
-    for i in range(6):
-        s = x_max * i / 5
-        x = sx(s)
-        c.line(x, loss_bottom, x, loss_bottom + 4, BLACK)
-        c.line(x, ws_bottom, x, ws_bottom + 4, BLACK)
-        label = f"{s:.0f}"
-        c.text(int(x) - c.text_width(label) // 2, ws_bottom + 8, label, BLACK)
-    c.line(left, top, left, loss_bottom, BLACK)
-    c.line(left, loss_bottom, right, loss_bottom, BLACK)
-    c.text(8, top, "LOSS", BLACK)
-    c.text(right - c.text_width("STEP"), height - 14, "STEP", BLACK)
-
-    for m in markers:
-        color = _KIND_COLORS.get(m.kind, BLACK)
-        x = sx(m.step)
-        c.dashed_vline(x, top, ws_bottom, color)
-        c.text(int(x) + 3, top + 2 + 10 * (markers.index(m) % 4), m.label, color)
-
-    if reference_steps:
-        # Wide and pale, under the faulty run's line: where they coincide it shows as a halo.
-        c.polyline([sx(s) for s in reference_steps], [sy(v) for v in reference_losses], GREY, 6)
-    c.polyline([sx(s) for s in steps], [sy(v) for v in losses], BLUE, 2)
-
-    # World-size strip.
-    ws_max = max(world_sizes, default=1) or 1
-    c.line(left, ws_top, left, ws_bottom, BLACK)
-    c.line(left, ws_bottom, right, ws_bottom, BLACK)
-    c.text(8, ws_top, "WORLD", BLACK)
-    for k in range(ws_max + 1):
-        y = ws_bottom - (ws_bottom - ws_top) * k / ws_max
-        c.text(left - 14, int(y) - 3, str(k), BLACK)
-
-    def wy(k: int) -> float:
-        return ws_bottom - (ws_bottom - ws_top) * k / ws_max
-
-    for i in range(1, len(steps)):
-        c.line(
-            sx(steps[i - 1]), wy(world_sizes[i - 1]), sx(steps[i]), wy(world_sizes[i - 1]), BLUE, 2
-        )
-        if world_sizes[i] != world_sizes[i - 1]:
-            c.line(sx(steps[i]), wy(world_sizes[i - 1]), sx(steps[i]), wy(world_sizes[i]), BLUE, 2)
-
-    # Legend.
-    lx = right - 260
-    c.line(lx, top + 6, lx + 20, top + 6, BLUE, 2)
-    c.text(lx + 26, top + 3, "WITH FAULTS", BLACK)
-    c.line(lx, top + 20, lx + 20, top + 20, GREY, 6)
-    c.text(lx + 26, top + 17, "REFERENCE (NO FAULTS)", BLACK)
-    return c.save(path)
+    """Draw the figure (:func:`draw_plot`) and write it to ``path`` as PNG; returns the path."""
+    fig = draw_plot(
+        title=title,
+        steps=steps,
+        losses=losses,
+        world_sizes=world_sizes,
+        reference_steps=reference_steps,
+        reference_losses=reference_losses,
+        markers=markers,
+        width=width,
+        height=height,
+    )
+    target = Path(path)
+    fig.savefig(target, format="png")
+    return target
