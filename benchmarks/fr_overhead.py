@@ -1,7 +1,7 @@
 """Flight-recorder cost: per-op recording (with and without stacks) and dumping 2000 entries.
 
 ``record_us``: one op recorded through the hook path a group pays for
-(``_hooks.op_started`` + ``op_finished`` with the recorder registered), minus the same
+(``hooks.op_started`` + ``op_finished`` with the recorder registered), minus the same
 calls with no observer. ``record_stack_us``: the same with Python stacks. Also the
 overhead on a real (world-size 1) gloo ``all_reduce`` of 4 floats through the wrapped
 ``torch.distributed`` function. ``dump_2000_ms``: writing a full 2000-entry buffer to
@@ -21,14 +21,16 @@ import torch
 import torch.distributed as dist
 
 from torchnext.benchmarking import Report, compare
-from torchnext.distributed import _fr_patch, _hooks, flight_recorder
+from torchnext.distributed import flight_recorder
 from torchnext.distributed.flight_recorder import FlightRecorder, FlightRecorderConfig
+from torchnext.distributed.flight_recorder import patch as fr_patch
+from torchnext.distributed.group import hooks
 
 INNER = 2000
 
 
-def _info(seq: int) -> _hooks.OpInfo:
-    return _hooks.OpInfo(
+def _info(seq: int) -> hooks.OpInfo:
+    return hooks.OpInfo(
         group_name="default",
         epoch=0,
         seq=seq,
@@ -42,9 +44,9 @@ def _info(seq: int) -> _hooks.OpInfo:
     )
 
 
-def _hook_loop(info: _hooks.OpInfo) -> None:
+def _hook_loop(info: hooks.OpInfo) -> None:
     for _ in range(INNER):
-        _hooks.op_finished(_hooks.op_started(info), "completed")
+        hooks.op_finished(hooks.op_started(info), "completed")
 
 
 def main(argv: list[str]) -> int:
@@ -58,11 +60,11 @@ def main(argv: list[str]) -> int:
     stacked = FlightRecorder(FlightRecorderConfig(dump_dir=tmp.name, stacks=True))
 
     def with_observer(rec: FlightRecorder) -> None:
-        _hooks.register_observer(rec)
+        hooks.register_observer(rec)
         try:
             _hook_loop(info)
         finally:
-            _hooks.unregister_observer(rec)
+            hooks.unregister_observer(rec)
 
     t = compare(
         {
@@ -83,7 +85,7 @@ def main(argv: list[str]) -> int:
     x = torch.ones(4)
     flight_recorder.enable(FlightRecorderConfig(dump_dir=tmp.name))
     wrapped = dist.all_reduce
-    original = _fr_patch._originals["all_reduce"]
+    original = fr_patch.original("all_reduce")
 
     def loop(fn: Callable[..., object]) -> Callable[[], None]:
         def run() -> None:

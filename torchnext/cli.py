@@ -20,14 +20,14 @@ __all__ = ["SUBCOMMANDS", "main", "build_parser"]
 # name -> (module, one-line help). Keep sorted by how often people use them.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("torchnext.demo.cli", "fault-tolerant training, workers killed and healed live"),
-    "run": ("torchnext.distributed.run_cli", "launch a fault-tolerant training script (agent)"),
+    "run": ("torchnext.distributed.launch.cli", "launch a fault-tolerant training script (agent)"),
     "doctor": ("torchnext._doctor", "what this torch has natively and what torchnext adds"),
     "bench": ("torchnext._bench_cli", "run a benchmark script and write its JSON results"),
     "upgrade": (
         "torchnext.upgrade.cli",
         "find and fix torch 2.14 breaking changes (--fix to apply)",
     ),
-    "fr": ("torchnext.distributed.fr_cli", "flight recorder: analyze dumps"),
+    "fr": ("torchnext.distributed.flight_recorder.cli", "flight recorder: analyze dumps"),
 }
 
 

@@ -19,9 +19,10 @@ import torch.distributed as dist
 
 from torchnext import _env
 from torchnext.cli import main as cli_main
-from torchnext.distributed import _hooks, flight_recorder
-from torchnext.distributed._fr_format import load_dump
+from torchnext.distributed import flight_recorder
 from torchnext.distributed.flight_recorder import FlightRecorder, FlightRecorderConfig
+from torchnext.distributed.flight_recorder.format import load_dump
+from torchnext.distributed.group import hooks as _hooks
 from torchnext.errors import FlightRecorderDumpError
 
 

@@ -195,8 +195,8 @@ def test_point_to_point_mismatch_named(tmp_path: Path) -> None:
 
 
 def test_members_renumbered_by_a_new_epoch_are_matched_by_group_rank(tmp_path: Path) -> None:
-    from torchnext.distributed._hooks import OpInfo
     from torchnext.distributed.flight_recorder import FlightRecorder, FlightRecorderConfig
+    from torchnext.distributed.group.hooks import OpInfo
 
     def op(epoch: int, seq: int, rank: int, size: int, n: int = 4) -> OpInfo:
         return OpInfo(
@@ -331,9 +331,9 @@ def test_a_rank_whose_process_died_is_a_crash_not_a_hang(tmp_path: Path) -> None
 def test_exit_record_turns_a_silent_hang_into_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torchnext.distributed._hooks import OpInfo
     from torchnext.distributed.flight_recorder import FlightRecorder, FlightRecorderConfig
     from torchnext.distributed.fr_exits import write_exit_record
+    from torchnext.distributed.group.hooks import OpInfo
 
     def op(seq: int, rank: int) -> OpInfo:
         return OpInfo(

@@ -119,8 +119,8 @@ def test_ops_that_ended_failed_or_timed_out_are_no_state_mismatch(
 ) -> None:
     import pickle
 
-    from torchnext.distributed._hooks import OpInfo
     from torchnext.distributed.flight_recorder import FlightRecorder, FlightRecorderConfig
+    from torchnext.distributed.group.hooks import OpInfo
 
     def op(seq: int, rank: int) -> OpInfo:
         return OpInfo(

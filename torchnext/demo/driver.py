@@ -30,7 +30,7 @@ import torch
 from torchnext.demo.plot import Marker, write_plot
 from torchnext.demo.trainer import KEY, reference_run
 from torchnext.demo.view import LiveState, LiveView, extras_hint, missing_extras
-from torchnext.distributed.launcher import FINISHED_KEY, Agent, AgentConfig, AgentEvent
+from torchnext.distributed.launch.agent import FINISHED_KEY, Agent, AgentConfig, AgentEvent
 
 __all__ = ["DemoConfig", "run_demo"]
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from torchnext.demo.data import Dataset, load_dataset
-from torchnext.distributed.sampler import ElasticSampler, SamplerConfig
+from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
 
 __all__ = ["build_model", "build_optimizer", "summed_loss", "reference_run", "main", "KEY"]
 
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generated-data", action="store_true", help="use the generated dataset")
     args = parser.parse_args(argv)
 
-    from torchnext.distributed.launcher import EXIT_EVICTED
-    from torchnext.distributed.manager import Manager, ManagerConfig, ManagerEvent
+    from torchnext.distributed.launch.agent import EXIT_EVICTED
+    from torchnext.distributed.training.manager import Manager, ManagerConfig, ManagerEvent
 
     torch.set_num_threads(args.threads)
     data = load_dataset(prefer_real=not args.generated_data, seed=args.seed)

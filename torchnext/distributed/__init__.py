@@ -22,6 +22,13 @@ agreement decided), :class:`Work` (``async_op=True`` handles with ``wait(timeout
 ``dist.*(group=...)`` and DDP), :mod:`torchnext.testing` (kill and stop real worker
 processes in tests).
 
+The package's names are loaded on first use: ``from torchnext.distributed import
+FaultTolerantGroup`` loads the group's modules only, no trainer, launcher, recorder or
+analyzer. Its products live in subpackages: :mod:`.group`, :mod:`.training`
+(:class:`Manager`), :mod:`.launch` (:class:`Agent`, ``torchnext run``),
+:mod:`.flight_recorder` and :mod:`.rma` (:class:`Window`). With
+``TORCHNEXT_FR_ENABLE=1`` importing this package switches the flight recorder on.
+
 What not to assume: the store must live outside the workers (a launcher, agent or
 test process), or losing the process that hosts it loses the job; outputs of a failed
 op are undefined; a process left out of an epoch cannot come back (it gets
@@ -30,54 +37,87 @@ op are undefined; a process left out of an epoch cannot come back (it gets
 
 from __future__ import annotations
 
-from torchnext.distributed.collectives import P2POp
-from torchnext.distributed.group import FaultTolerantGroup, connect_store
-from torchnext.distributed.group_config import GroupConfig
-from torchnext.distributed.interop import FaultTolerantProcessGroup, as_process_group
-from torchnext.distributed.membership import Membership
-from torchnext.distributed.work import Work
+from typing import TYPE_CHECKING
+
+from torchnext import _env
+from torchnext._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from torchnext.distributed import flight_recorder
+    from torchnext.distributed.flight_recorder.recorder import (
+        FlightRecorder,
+        FlightRecorderConfig,
+    )
+    from torchnext.distributed.group.collectives import P2POp
+    from torchnext.distributed.group.config import GroupConfig
+    from torchnext.distributed.group.fault_tolerant_group import FaultTolerantGroup, connect_store
+    from torchnext.distributed.group.interop import FaultTolerantProcessGroup, as_process_group
+    from torchnext.distributed.group.membership import Membership
+    from torchnext.distributed.group.work import Work
+    from torchnext.distributed.launch.agent import Agent, AgentConfig
+    from torchnext.distributed.rma import RmaWork, StoreGroup, Window, WindowConfig
+    from torchnext.distributed.training.manager import Manager, ManagerConfig, StepResult
+    from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
+
+_EXPORTS = {
+    # the group
+    "FaultTolerantGroup": "group.fault_tolerant_group",
+    "connect_store": "group.fault_tolerant_group",
+    "FaultTolerantProcessGroup": "group.interop",
+    "as_process_group": "group.interop",
+    "GroupConfig": "group.config",
+    "Membership": "group.membership",
+    "P2POp": "group.collectives",
+    "Work": "group.work",
+    # flight recorder
+    "flight_recorder": "flight_recorder:",
+    "FlightRecorder": "flight_recorder.recorder",
+    "FlightRecorderConfig": "flight_recorder.recorder",
+    # RMA windows
+    "RmaWork": "rma",
+    "StoreGroup": "rma",
+    "Window": "rma",
+    "WindowConfig": "rma",
+    # training and launching
+    "Agent": "launch.agent",
+    "AgentConfig": "launch.agent",
+    "ElasticSampler": "training.sampler",
+    "Manager": "training.manager",
+    "ManagerConfig": "training.manager",
+    "SamplerConfig": "training.sampler",
+    "StepResult": "training.manager",
+}
 
 __all__ = [
-    "FaultTolerantGroup",
-    "FaultTolerantProcessGroup",
-    "GroupConfig",
-    "Membership",
-    "P2POp",
-    "Work",
-    "as_process_group",
-    "connect_store",
-]
-
-# ---------------------------------------------------------------------------
-# Other areas (flight recorder, RMA windows, training manager): add imports below
-# and extend __all__ here.
-# ---------------------------------------------------------------------------
-from torchnext.distributed import flight_recorder  # noqa: E402 - honours TORCHNEXT_FR_ENABLE
-from torchnext.distributed.flight_recorder import (  # noqa: E402
-    FlightRecorder,
-    FlightRecorderConfig,
-)
-from torchnext.distributed.launcher import Agent, AgentConfig  # noqa: E402
-from torchnext.distributed.manager import Manager, ManagerConfig, StepResult  # noqa: E402
-from torchnext.distributed.rma import RmaWork, StoreGroup, Window, WindowConfig  # noqa: E402
-from torchnext.distributed.sampler import ElasticSampler, SamplerConfig  # noqa: E402
-
-__all__ += [
-    # flight recorder
-    "FlightRecorder",
-    "FlightRecorderConfig",
-    "flight_recorder",
-    # RMA windows
-    "RmaWork",
-    "StoreGroup",
-    "Window",
-    "WindowConfig",
-    # training
     "Agent",
     "AgentConfig",
     "ElasticSampler",
+    "FaultTolerantGroup",
+    "FaultTolerantProcessGroup",
+    "FlightRecorder",
+    "FlightRecorderConfig",
+    "GroupConfig",
     "Manager",
     "ManagerConfig",
+    "Membership",
+    "P2POp",
+    "RmaWork",
     "SamplerConfig",
     "StepResult",
+    "StoreGroup",
+    "Window",
+    "WindowConfig",
+    "Work",
+    "as_process_group",
+    "connect_store",
+    "flight_recorder",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if _env.TORCHNEXT_FR_ENABLE.get():
+    # The one eager import, and only when asked for: a job switched on from its
+    # environment records from its first op.
+    from torchnext.distributed.flight_recorder import recorder as _recorder
+
+    _recorder.enable_from_env()

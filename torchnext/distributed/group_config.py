@@ -1,98 +1,13 @@
-"""Configuration of a :class:`~torchnext.distributed.FaultTolerantGroup`.
+"""Old path of :mod:`torchnext.distributed.group.config`, kept so existing imports work.
 
-Every timing knob of failure detection and recovery lives here, as ``timedelta``.
-Defaults come from the ``TORCHNEXT_*`` environment (see :mod:`torchnext._env`) when a
-field is left unset, so a job template can tune them without code changes; an
-explicit value always wins.
-
-What not to assume: recovery time does not depend on ``collective_timeout`` (a failure
-revokes the epoch, which wakes every waiter within ``poll_interval`` plus a wait
-slice), but hang detection does depend on ``heartbeat_timeout``: a SIGSTOPped peer on
-another host is only suspected once its heartbeat is that old.
+This name is the new module itself (``sys.modules`` maps both paths to one object), so
+its attributes, private ones and monkeypatching included, behave as before. New code
+imports :mod:`torchnext.distributed.group.config`.
 """
 
-from __future__ import annotations
+import sys
 
-from dataclasses import dataclass, field
-from datetime import timedelta
+from torchnext.distributed.group import config as moved
+from torchnext.distributed.group.config import *  # noqa: F403 - the same public names, for type checkers
 
-from torchnext import _env
-
-__all__ = ["GroupConfig"]
-
-
-def _collective_timeout() -> timedelta:
-    return _env.TORCHNEXT_COLLECTIVE_TIMEOUT.get()
-
-
-def _heartbeat_interval() -> timedelta:
-    return _env.TORCHNEXT_HEARTBEAT_INTERVAL.get()
-
-
-def _heartbeat_timeout() -> timedelta:
-    return _env.TORCHNEXT_HEARTBEAT_TIMEOUT.get()
-
-
-def _store_timeout() -> timedelta:
-    return _env.TORCHNEXT_STORE_TIMEOUT.get()
-
-
-@dataclass(frozen=True, kw_only=True)
-class GroupConfig:
-    """Timing and behaviour of a fault-tolerant group (all fields keyword-only)."""
-
-    collective_timeout: timedelta = field(default_factory=_collective_timeout)
-    """Default per-op timeout (``TORCHNEXT_COLLECTIVE_TIMEOUT``, 60 s). An op past it
-    raises :class:`~torchnext.errors.CommTimeoutError` and revokes the epoch."""
-    heartbeat_interval: timedelta = field(default_factory=_heartbeat_interval)
-    """How often a member writes its heartbeat to the store (``TORCHNEXT_HEARTBEAT_INTERVAL``)."""
-    heartbeat_timeout: timedelta = field(default_factory=_heartbeat_timeout)
-    """A member whose heartbeat has not advanced for this long is suspected failed
-    (``TORCHNEXT_HEARTBEAT_TIMEOUT``, 3 s)."""
-    poll_interval: timedelta = timedelta(milliseconds=20)
-    """How often each member checks the store for a revoke of its epoch."""
-    wait_slice: timedelta = timedelta(milliseconds=50)
-    """A blocked op re-checks for a revoke at least this often."""
-    store_timeout: timedelta = field(default_factory=_store_timeout)
-    """Bound on creating the group and on each store wait (``TORCHNEXT_STORE_TIMEOUT``)."""
-    agreement_grace: timedelta = timedelta(seconds=30)
-    """In an agreement, a member that is alive (fresh heartbeat) but has not joined the
-    agreement is waited for this long, then left out."""
-    probe_local_pids: bool = True
-    """Members on the same host check each other's process state (``/proc``), so a
-    SIGKILLed local peer is detected at once rather than after ``heartbeat_timeout``."""
-    validate: bool = False
-    """Debug mode: before each collective, members exchange the op name, shapes and
-    dtypes and raise :class:`~torchnext.errors.CollectiveMismatchError` on a mismatch
-    instead of hanging or returning garbage (gloo itself may abort the whole process on
-    a size mismatch: "Received data size doesn't match expected size"). Costs one extra
-    small collective per op; use it while developing."""
-
-    native_reconfigure: bool = False
-    """torch >= 2.14 with gloo only: keep one gloo group (``enable_reconfigure=True``)
-    and move it between epochs with its native ``reconfigure`` instead of building a
-    fresh gloo group per epoch. Best for planned changes (grow, reconfigure): after a
-    crash, an op still blocked in the old communicator occupies one of the group's
-    worker threads until its timeout, so the default (fresh groups) recovers faster."""
-
-    def __post_init__(self) -> None:
-        positive = {
-            "collective_timeout": self.collective_timeout,
-            "heartbeat_interval": self.heartbeat_interval,
-            "heartbeat_timeout": self.heartbeat_timeout,
-            "poll_interval": self.poll_interval,
-            "wait_slice": self.wait_slice,
-            "store_timeout": self.store_timeout,
-            "agreement_grace": self.agreement_grace,
-        }
-        for name, value in positive.items():
-            if not isinstance(value, timedelta) or value <= timedelta(0):
-                raise ValueError(
-                    f"GroupConfig.{name}={value!r}: pass a positive datetime.timedelta"
-                )
-        if self.heartbeat_timeout <= self.heartbeat_interval:
-            raise ValueError(
-                f"GroupConfig.heartbeat_timeout={self.heartbeat_timeout} must exceed "
-                f"heartbeat_interval={self.heartbeat_interval} (use at least 3x), or every "
-                "member would be suspected between two heartbeats"
-            )
+sys.modules[__name__] = moved

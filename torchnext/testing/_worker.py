@@ -27,13 +27,15 @@ from typing import Any
 
 from torchnext.testing.faults import Fault
 
-__all__ = ["WorkerContext"]
+__all__ = ["WorkerContext", "WorkerSpec", "worker_main"]
 
 _PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, kw_only=True)
-class _WorkerSpec:
+class WorkerSpec:
+    """What the harness tells one worker process: its rank, the store, its fault plan."""
+
     rank: int
     world_size: int
     store_host: str
@@ -55,7 +57,7 @@ class WorkerContext:
     ``FaultTolerantGroup.from_env()`` works inside a worker.
     """
 
-    def __init__(self, spec: _WorkerSpec, conn: Connection) -> None:
+    def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
         self._spec = spec
         self._conn = conn
         self._send_lock = threading.Lock()
@@ -123,7 +125,7 @@ class WorkerContext:
         # The whole process group: the worker and anything it started fail together.
         os.killpg(os.getpgrp(), sig)
 
-    # Op observer protocol (torchnext.distributed._hooks): ops become fault points.
+    # Op observer protocol (torchnext.distributed.group.hooks): ops become fault points.
     def on_start(self, info: Any) -> int:
         k = self._op_counts.get(info.op, 0)
         self._op_counts[info.op] = k + 1
@@ -161,7 +163,7 @@ def _format_exception(exc: BaseException) -> tuple[Any, ...]:
 
 
 def worker_main(
-    spec: _WorkerSpec, conn: Connection, fn: Callable[..., Any], args: tuple[Any, ...]
+    spec: WorkerSpec, conn: Connection, fn: Callable[..., Any], args: tuple[Any, ...]
 ) -> None:
     """Entry point of a harness worker process (runs in the child)."""
     os.setsid()
@@ -184,7 +186,7 @@ def worker_main(
         torch.set_num_threads(spec.threads)
     ctx = WorkerContext(spec, conn)
     if ctx._pending:
-        from torchnext.distributed import _hooks
+        from torchnext.distributed.group import hooks as _hooks
 
         _hooks.register_observer(ctx)
     try:

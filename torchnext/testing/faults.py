@@ -6,7 +6,7 @@ when an op of a torchnext group runs: the harness registers an op observer in ev
 worker, so ``"allreduce:3:before"``, ``"allreduce:3:during"`` and
 ``"allreduce:3:after"`` are points too (``3`` counts that op's calls in the worker,
 from 0, across groups and epochs). Op names are the flight-recorder vocabulary used
-by :mod:`torchnext.distributed._hooks` (``allreduce``, ``broadcast``, ``allgather``,
+by :mod:`torchnext.distributed.group.hooks` (``allreduce``, ``broadcast``, ``allgather``,
 ``barrier``, ``send``...).
 
 Kinds:

@@ -40,9 +40,9 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
-from torchnext.distributed.launcher import host_store
+from torchnext.distributed.launch.agent import host_store
 from torchnext.errors import WorkerFailedError
-from torchnext.testing._worker import _WorkerSpec, worker_main
+from torchnext.testing._worker import WorkerSpec, worker_main
 from torchnext.testing.faults import Fault
 
 __all__ = ["MultiProcessHarness", "RankResult", "HarnessResult", "Outcome", "run_workers"]
@@ -234,7 +234,7 @@ class MultiProcessHarness:
             raise RuntimeError("MultiProcessHarness is closed; create a new one")
         rank = len(self._workers)
         stack_path = os.path.join(self._tmp.name, f"stacks-{rank}.txt")
-        spec = _WorkerSpec(
+        spec = WorkerSpec(
             rank=rank,
             world_size=self.world_size,
             store_host="127.0.0.1",

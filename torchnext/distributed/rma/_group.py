@@ -65,14 +65,15 @@ class StoreGroup:
         ``init_process_group``, or a ``PrefixStore`` of it); the window adds its own prefix.
         """
         import torch.distributed as dist
-        from torch.distributed import distributed_c10d as c10d
 
-        pg = group if group is not None else c10d._get_default_group()
+        from torchnext.compat.distributed_internals import default_group, process_group_name
+
+        pg = group if group is not None else default_group()
         return cls(
             store,
             dist.get_rank(pg),
             dist.get_world_size(pg),
-            name=f"pg{c10d._get_process_group_name(pg)}",
+            name=f"pg{process_group_name(pg)}",
         )
 
     @property

@@ -2,9 +2,12 @@
 
 A member that some peer cannot map (another host, another shared-memory namespace, or
 ``transport="tcp"``) runs a :class:`ProgressServer`: a listening socket and one
-thread per connected origin, which apply puts, gets, accumulates, signals and lock
-requests to the member's own segment. The member's main thread takes no part, so it
-can be busy computing while peers write into its window.
+thread per connected origin, which read each request and hand it to a
+:class:`RequestHandler` (the window's serving side,
+:class:`~torchnext.distributed.rma.server.WindowServer`), which applies it to the
+member's own segment. The member's main thread takes no part, so it can be busy
+computing while peers write into its window. This module is the transport only: the
+wire format, the server's threads and the origin's channel (:class:`RemotePeer`).
 
 Wire format (little endian): a 32-byte request header ``op, acc_op, src, offset,
 nelems, timeout_s`` followed, for put and accumulate, by the payload; a 16-byte reply
@@ -23,17 +26,25 @@ import logging
 import socket
 import struct
 import threading
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from torchnext.errors import CommError, CommTimeoutError, WindowError, WindowRevokedError
 
-__all__ = ["ProgressServer", "RemotePeer", "Op", "TargetOps"]
+__all__ = [
+    "Op",
+    "ProgressServer",
+    "RemotePeer",
+    "Request",
+    "RequestHandler",
+    "Status",
+    "drain",
+    "recv_exact",
+]
 
 logger: logging.Logger = logging.getLogger(__name__)
 
 _REQ = struct.Struct("<BBxxiqqd")
 _RESP = struct.Struct("<Bxxxxxxxq")
-_OK, _ERR, _REVOKED, _TIMEOUT = 0, 1, 2, 3
 
 
 class Op:
@@ -45,22 +56,38 @@ class Op:
     UNLOCK = 6
 
 
-class TargetOps(Protocol):
-    """What the server needs from the window it serves (implemented by the Window)."""
+class Status:
+    """Reply status codes (the first byte of a reply)."""
 
-    def _serve_check(self, op: int, src: int, offset: int, nelems: int, acc: int) -> None: ...
-    def _serve_region(self, offset: int, nelems: int) -> memoryview: ...
-    def _serve_accumulate(
-        self, acc: int, offset: int, payload: bytearray, timeout_s: float
-    ) -> None: ...
-    def _serve_signal(self, src: int) -> None: ...
-    def _serve_lock(self, src: int, exclusive: bool, timeout_s: float) -> None: ...
-    def _serve_unlock(self, src: int, exclusive: bool, timeout_s: float) -> None: ...
-    def _serve_revoked(self) -> bool: ...
-    def _itemsize(self) -> int: ...
+    OK = 0
+    ERR = 1
+    REVOKED = 2
+    TIMEOUT = 3
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+class Request(NamedTuple):
+    """One decoded request header (the payload, if any, still waits on the socket)."""
+
+    op: int
+    acc: int
+    src: int
+    offset: int
+    nelems: int
+    timeout_s: float
+
+
+class RequestHandler(Protocol):
+    """What the server needs from the window it serves: one answer per request.
+
+    ``handle`` must read exactly the request's payload from ``conn`` (or drain it) so
+    the stream stays in step, and returns ``(status, reply body)``.
+    """
+
+    def handle(self, conn: socket.socket, request: Request) -> tuple[int, bytes | memoryview]: ...
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; raises :class:`ConnectionError` if the peer closes."""
     got = 0
     while got < len(view):
         n = sock.recv_into(view[got:])
@@ -69,11 +96,22 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
+def drain(conn: socket.socket, nbytes: int) -> None:
+    """Read and discard ``nbytes`` (a refused request's payload) to keep the stream in step."""
+    buf = bytearray(min(nbytes, 1 << 20))
+    view = memoryview(buf)
+    while nbytes > 0:
+        n = conn.recv_into(view[: min(nbytes, len(buf))])
+        if n == 0:
+            raise ConnectionError("peer closed the connection")
+        nbytes -= n
+
+
 class ProgressServer:
     """Serves one window's segment to remote origins from background threads."""
 
-    def __init__(self, target: TargetOps, bind_addr: str) -> None:
-        self._target = target
+    def __init__(self, handler: RequestHandler, bind_addr: str) -> None:
+        self._handler = handler
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((bind_addr, 0))
@@ -122,9 +160,8 @@ class ProgressServer:
         hv = memoryview(header)
         try:
             while not self._stop.is_set():
-                _recv_exact(conn, hv)
-                op, acc, src, offset, nelems, timeout_s = _REQ.unpack(header)
-                status, reply = self._handle(conn, op, acc, src, offset, nelems, timeout_s)
+                recv_exact(conn, hv)
+                status, reply = self._handler.handle(conn, Request(*_REQ.unpack(header)))
                 conn.sendall(_RESP.pack(status, len(reply)))
                 if reply:
                     conn.sendall(reply)
@@ -132,59 +169,6 @@ class ProgressServer:
             pass
         finally:
             conn.close()
-
-    def _handle(
-        self,
-        conn: socket.socket,
-        op: int,
-        acc: int,
-        src: int,
-        offset: int,
-        nelems: int,
-        timeout_s: float,
-    ) -> tuple[int, bytes | memoryview]:
-        t = self._target
-        nbytes = nelems * t._itemsize() if op in (Op.PUT, Op.ACC) else 0
-        try:
-            t._serve_check(op, src, offset, nelems, acc)
-        except WindowError as exc:
-            _drain(conn, nbytes)  # keep the stream in step; the payload is discarded
-            return _ERR, str(exc).encode()
-        if t._serve_revoked():
-            _drain(conn, nbytes)
-            return _REVOKED, b"the target's window was revoked"
-        try:
-            if op == Op.PUT:
-                _recv_exact(conn, t._serve_region(offset, nelems))
-            elif op == Op.GET:
-                return _OK, t._serve_region(offset, nelems)
-            elif op == Op.ACC:
-                payload = bytearray(nbytes)
-                _recv_exact(conn, memoryview(payload))
-                t._serve_accumulate(acc, offset, payload, timeout_s)
-            elif op == Op.SIGNAL:
-                t._serve_signal(src)
-            elif op in (Op.LOCK, Op.UNLOCK):
-                exclusive = bool(acc)
-                if op == Op.LOCK:
-                    t._serve_lock(src, exclusive, timeout_s)
-                else:
-                    t._serve_unlock(src, exclusive, timeout_s)
-        except CommTimeoutError as exc:
-            return _TIMEOUT, str(exc).encode()
-        except WindowRevokedError as exc:
-            return _REVOKED, str(exc).encode()
-        return _OK, b""
-
-
-def _drain(conn: socket.socket, nbytes: int) -> None:
-    buf = bytearray(min(nbytes, 1 << 20))
-    view = memoryview(buf)
-    while nbytes > 0:
-        n = conn.recv_into(view[: min(nbytes, len(buf))])
-        if n == 0:
-            raise ConnectionError("peer closed the connection")
-        nbytes -= n
 
 
 class RemotePeer:
@@ -227,14 +211,14 @@ class RemotePeer:
                 if payload is not None:
                     sock.sendall(payload)
                 head = bytearray(_RESP.size)
-                _recv_exact(sock, memoryview(head))
+                recv_exact(sock, memoryview(head))
                 status, length = _RESP.unpack(head)
-                if status == _OK and out is not None:
-                    _recv_exact(sock, out)
+                if status == Status.OK and out is not None:
+                    recv_exact(sock, out)
                     return
                 body = bytearray(length)
                 if length:
-                    _recv_exact(sock, memoryview(body))
+                    recv_exact(sock, memoryview(body))
             except TimeoutError:
                 self._drop()
                 raise CommTimeoutError(
@@ -248,11 +232,11 @@ class RemotePeer:
                     f"{self._addr[0]}:{self._addr[1]} ({exc}); the peer is gone or its window closed"
                 ) from None
         text = body.decode(errors="replace")
-        if status == _OK:
+        if status == Status.OK:
             return
-        if status == _REVOKED:
+        if status == Status.REVOKED:
             raise WindowRevokedError(f"RMA window: rank {self.rank}: {text}", epoch=-1)
-        if status == _TIMEOUT:
+        if status == Status.TIMEOUT:
             raise CommTimeoutError(f"RMA window: rank {self.rank}: {text}")
         raise WindowError(f"RMA window: rank {self.rank} refused the request: {text}")
 

@@ -24,93 +24,49 @@ What not to assume: ``win.tensor`` is the shared memory (your tensor was copied 
 at creation); reading or writing a region while another rank writes it, outside a
 fence or lock epoch, is a race, as in MPI; CPU tensors only.
 
+This module is the caller's side. What answers peers that reach this member over TCP
+is :class:`~torchnext.distributed.rma.server.WindowServer`, which the window owns;
+creation's exchange is :mod:`~torchnext.distributed.rma.connect`, nonblocking handles
+are :mod:`~torchnext.distributed.rma.work`.
+
 Legend: ``n`` counts elements; offsets are in elements of the flattened window.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import queue
 import threading
 import time
 import weakref
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from torchnext.distributed.rma._doorbell import Doorbell, ring
+from torchnext.distributed.rma._elementwise import (
+    ACCUMULATE_CODES,
+    AccumulateOp,
+    bytes_of,
+    check_region,
+    combine,
+)
 from torchnext.distributed.rma._group import WindowGroup
 from torchnext.distributed.rma._progress import Op, ProgressServer, RemotePeer
-from torchnext.distributed.rma._shm import MUTEX_ACCUMULATE, Segment, backoff_sleep, host_id
+from torchnext.distributed.rma._shm import MUTEX_ACCUMULATE, Segment, backoff_sleep
+from torchnext.distributed.rma.config import WindowConfig
+from torchnext.distributed.rma.connect import connect
+from torchnext.distributed.rma.rendezvous import StoreRendezvous
+from torchnext.distributed.rma.server import WindowServer
+from torchnext.distributed.rma.work import OpQueue, RmaWork
 from torchnext.errors import CommTimeoutError, WindowError, WindowRevokedError
 
 __all__ = ["Window", "WindowConfig", "RmaWork", "AccumulateOp"]
 
-AccumulateOp = Literal["sum", "min", "max", "replace"]
-_ACC_CODES: dict[str, int] = {"sum": 1, "min": 2, "max": 3, "replace": 4}
-_ACC_NAMES = {v: k for k, v in _ACC_CODES.items()}
 _window_counters: dict[str, itertools.count[int]] = {}
 _counters_lock = threading.Lock()
-
-
-@dataclass(frozen=True, kw_only=True)
-class WindowConfig:
-    """How a window is reached and how long its operations may wait."""
-
-    timeout: timedelta = timedelta(seconds=60)
-    """Default bound of every wait (creation, locks, signals, fences, remote replies)."""
-    transport: Literal["auto", "shm", "tcp"] = "auto"
-    """``auto``: shared memory with members on this host, TCP with the others;
-    ``tcp``: TCP with everyone (tests the cross-host path on one host); ``shm``:
-    shared memory only (creation fails if a member is on another host)."""
-    bind_addr: str = ""
-    """Address the progress server listens on; empty: ``TORCHNEXT_RMA_ADDR``, else
-    127.0.0.1 when every member is on this host, else this host's name's address."""
-
-    def __post_init__(self) -> None:
-        if self.timeout <= timedelta(0):
-            raise ValueError(f"WindowConfig.timeout={self.timeout}; pass a positive timedelta")
-        if self.transport not in ("auto", "shm", "tcp"):
-            raise ValueError(
-                f"WindowConfig.transport={self.transport!r}; use 'auto', 'shm' or 'tcp'"
-            )
-
-
-class RmaWork:
-    """Handle of a nonblocking window operation (like ``torch.distributed.Work``)."""
-
-    def __init__(self, value: Any = None) -> None:
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self.value = value
-        """The result once complete: the tensor of a ``get``, None otherwise."""
-
-    def _finish(self, error: BaseException | None = None) -> None:
-        self._error = error
-        self._done.set()
-
-    def is_completed(self) -> bool:
-        return self._done.is_set()
-
-    def exception(self) -> BaseException | None:
-        return self._error if self._done.is_set() else None
-
-    def wait(self, timeout: timedelta | None = None) -> Any:
-        """Wait (bounded; default 60 s) and return ``value``; re-raises the op's error."""
-        bound = (timeout or timedelta(seconds=60)).total_seconds()
-        if not self._done.wait(bound):
-            raise CommTimeoutError(
-                f"RmaWork.wait: the operation did not complete within {bound:.1f} s"
-            )
-        if self._error is not None:
-            raise self._error
-        return self.value
 
 
 class Window:
@@ -134,7 +90,7 @@ class Window:
             )
         win = cls(group, tuple(tensor.shape), tensor.dtype, config or WindowConfig())
         win.tensor.copy_(tensor.detach())
-        win._barrier("ready")
+        win._rendezvous.barrier("ready")
         return win
 
     @classmethod
@@ -147,7 +103,7 @@ class Window:
     ) -> Window:
         """Collective: every member gets a zero-filled shared window of ``shape`` and ``dtype``."""
         win = cls(group, tuple(int(s) for s in shape), dtype, config or WindowConfig())
-        win._barrier("ready")
+        win._rendezvous.barrier("ready")
         return win
 
     def __init__(
@@ -158,7 +114,6 @@ class Window:
         self.rank = int(group.rank)
         self.size = int(group.size)
         self.epoch = int(group.epoch)
-        self._store = group.store
         # Sub-groups of a split share their parent's name and epoch: the member list
         # tells them apart, so their windows never share store keys.
         members = getattr(group, "members", None) or tuple(range(self.size))
@@ -166,7 +121,6 @@ class Window:
         with _counters_lock:
             counter = _window_counters.setdefault(ident, itertools.count())
             index = next(counter)
-        self._prefix = f"torchnext/rma/{ident}/w{index}"
         self._timeout_s = config.timeout.total_seconds()
         self._revoked: str | None = None
         self._closed = False
@@ -174,9 +128,15 @@ class Window:
         self._held: dict[int, bool] = {}  # target -> exclusive
         self._consumed = [0] * self.size
         self._fence_n = 0
-        self._pending: set[RmaWork] = set()
-        self._queue: queue.Queue[tuple[Callable[[], None], RmaWork] | None] = queue.Queue()
-        self._worker: threading.Thread | None = None
+        self._ops = OpQueue(self._ensure_live)
+        self._rendezvous = StoreRendezvous(
+            group.store,
+            f"torchnext/rma/{ident}/w{index}",
+            rank=self.rank,
+            size=self.size,
+            timeout=config.timeout,
+            check_live=self._ensure_live,
+        )
         self._server: ProgressServer | None = None
         self._peers: dict[int, Segment | RemotePeer] = {}
         numel = 1
@@ -186,12 +146,33 @@ class Window:
         self._bell = Doorbell()
         self._bells = [""] * self.size
         self._own = Segment.create(world=self.size, dtype=dtype, numel=numel)
+        # The serving side answers peers that reach this member over TCP; it is told
+        # only to stop when the window is revoked or closed.
+        self._serving = WindowServer(
+            self._own,
+            rank=self.rank,
+            size=self.size,
+            epoch=self.epoch,
+            bell_address=self._bell.address,
+        )
         try:
-            self._connect(shape, dtype, numel)
+            conns = connect(
+                self._rendezvous,
+                rank=self.rank,
+                size=self.size,
+                config=config,
+                own=self._own,
+                bell_address=self._bell.address,
+                handler=self._serving,
+            )
         except BaseException:
             self._own.unlink()
             self.close()
             raise
+        self._numels = conns.numels
+        self._bells = conns.bells
+        self._peers = conns.peers
+        self._server = conns.server
         add_cb = getattr(group, "add_revoke_callback", None)
         if callable(add_cb):
             # A weak reference: the group must not keep closed windows alive.
@@ -204,111 +185,10 @@ class Window:
 
             add_cb(on_revoke)
 
-    def _connect(self, shape: tuple[int, ...], dtype: torch.dtype, numel: int) -> None:
-        me: dict[str, Any] = {
-            "host": host_id(),
-            "path": str(self._own.path),
-            "dtype": str(dtype),
-            "numel": numel,
-            "pid": os.getpid(),
-            "bell": self._bell.address,
-        }
-        infos = self._all_gather("info", json.dumps(me))
-        peers = [json.loads(s) for s in infos]
-        for r, p in enumerate(peers):
-            if p["dtype"] != str(dtype):
-                raise WindowError(
-                    f"Window creation: rank {r} registered dtype {p['dtype']}, this rank {dtype}; "
-                    "every member must register the same dtype"
-                )
-        self._numels = [int(p["numel"]) for p in peers]
-        # Doorbells are reachable on this host only (abstract Unix sockets).
-        self._bells = [str(p.get("bell", "")) if p["host"] == me["host"] else "" for p in peers]
-        transport = self.config.transport
-        remote = [
-            r
-            for r, p in enumerate(peers)
-            if r != self.rank and (transport == "tcp" or p["host"] != me["host"])
-        ]
-        if transport == "shm" and remote:
-            raise WindowError(
-                f"Window creation: transport='shm' but ranks {remote} are on another host; use 'auto'"
-            )
-        served_by_me = transport == "tcp" or any(p["host"] != me["host"] for p in peers)
-        if served_by_me:
-            self._server = ProgressServer(self, self._bind_addr(peers, me["host"]))
-        addrs = self._all_gather("addr", self._server.address if self._server else "")
-        for r, p in enumerate(peers):
-            if r == self.rank:
-                continue
-            if r in remote:
-                if not addrs[r]:
-                    raise WindowError(
-                        f"Window creation: rank {r} is remote but runs no progress server"
-                    )
-                self._peers[r] = RemotePeer(addrs[r], r)
-            else:
-                try:
-                    self._peers[r] = Segment.open(
-                        p["path"], world=self.size, dtype=dtype, numel=int(p["numel"])
-                    )
-                except OSError as exc:
-                    raise WindowError(
-                        f"Window creation: cannot map rank {r}'s segment {p['path']} ({exc}); the "
-                        "members do not share /dev/shm (separate containers?): pass "
-                        "WindowConfig(transport='tcp')"
-                    ) from None
-        self._barrier("mapped")
-        self._own.unlink()  # every member has mapped it: no name left behind, even after SIGKILL
-
-    def _bind_addr(self, peers: list[dict[str, Any]], my_host: str) -> str:
-        if self.config.bind_addr:
-            return self.config.bind_addr
-        from torchnext._env import TORCHNEXT_RMA_ADDR
-
-        configured = TORCHNEXT_RMA_ADDR.get()
-        if configured:
-            return configured
-        if all(p["host"] == my_host for p in peers):
-            return "127.0.0.1"
-        import socket
-
-        return socket.gethostbyname(socket.gethostname())
-
-    # ------------------------------------------------------------------ store helpers
-
     def _deadline(self, timeout: timedelta | None) -> float:
         return time.monotonic() + (
             timeout.total_seconds() if timeout is not None else self._timeout_s
         )
-
-    def _wait_key(self, key: str, deadline: float, what: str) -> None:
-        attempt = 0
-        while not self._store.check([key]):
-            self._ensure_live()
-            if time.monotonic() > deadline:
-                raise CommTimeoutError(
-                    f"RMA window: {what} did not complete within the timeout ({key})"
-                )
-            time.sleep(min(0.005, 0.0002 * (attempt + 1)))
-            attempt += 1
-
-    def _all_gather(self, tag: str, value: str) -> list[str]:
-        deadline = self._deadline(None)
-        self._store.set(f"{self._prefix}/{tag}/{self.rank}", value)
-        out = []
-        for r in range(self.size):
-            key = f"{self._prefix}/{tag}/{r}"
-            self._wait_key(key, deadline, f"window creation ({tag}) waiting for rank {r}")
-            out.append(self._store.get(key).decode())
-        return out
-
-    def _barrier(self, tag: str, timeout: timedelta | None = None) -> None:
-        deadline = self._deadline(timeout)
-        key = f"{self._prefix}/barrier/{tag}"
-        if int(self._store.add(key, 1)) == self.size:
-            self._store.set(f"{key}/done", "1")
-        self._wait_key(f"{key}/done", deadline, f"barrier {tag!r}")
 
     # ------------------------------------------------------------------ state
 
@@ -335,14 +215,11 @@ class Window:
             if self._revoked is not None or self._closed:
                 return
             self._revoked = reason
-            pending = list(self._pending)
+            self._serving.stop()  # peers' requests are refused from here on
         self._own.mark_revoked()
         ring(self._bell.address)  # wake this process's waiters now
         err = self._revoked_error()
-        for work in pending:
-            if not work.is_completed():
-                work._finish(err)
-        self._queue.put(None)
+        self._ops.fail_pending(lambda: err)
         if self._server is not None:
             self._server.close()
         for p in self._peers.values():
@@ -374,11 +251,10 @@ class Window:
             if self._closed:
                 return
             self._closed = True
-            pending = list(self._pending)
-        for work in pending:
-            if not work.is_completed():
-                work._finish(WindowError("RMA window was closed with this operation pending"))
-        self._queue.put(None)
+            self._serving.stop()
+        self._ops.fail_pending(
+            lambda: WindowError("RMA window was closed with this operation pending")
+        )
         if self._server is not None:
             self._server.close()
         for p in self._peers.values():
@@ -402,12 +278,7 @@ class Window:
         return rank
 
     def _check_region(self, target: int, offset: int, n: int, name: str) -> None:
-        size = self._numels[target]
-        if not isinstance(offset, int) or offset < 0 or n < 0 or offset + n > size:
-            raise WindowError(
-                f"{name}: target_offset_nelems={offset!r} with {n} elements overruns rank {target}'s "
-                f"window of {size} elements; need 0 <= offset and offset + n <= {size}"
-            )
+        check_region(name, target, offset, n, self._numels[target])
 
     def _check_tensor(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
@@ -428,42 +299,12 @@ class Window:
         if not async_op:
             fn()
             return None
-        work = RmaWork(value)
-        with self._lock:
-            self._ensure_live()
-            self._pending.add(work)
-            if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._run_queue, name="torchnext-rma-async", daemon=True
-                )
-                self._worker.start()
-        self._queue.put((fn, work))
-        return work
-
-    def _run_queue(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, work = item
-            if work.is_completed():
-                continue
-            try:
-                self._ensure_live()
-                fn()
-            except BaseException as exc:  # noqa: BLE001 - delivered through the handle
-                work._finish(exc)
-            else:
-                work._finish()
-            with self._lock:
-                self._pending.discard(work)
+        return self._ops.submit(fn, value)
 
     def flush(self, timeout: timedelta | None = None) -> None:
         """Wait until every nonblocking operation this member issued has completed."""
         deadline = self._deadline(timeout)
-        with self._lock:
-            pending = list(self._pending)
-        for work in pending:
+        for work in self._ops.pending():
             work.wait(timedelta(seconds=max(0.0, deadline - time.monotonic())))
 
     # ------------------------------------------------------------------ operations
@@ -494,7 +335,7 @@ class Window:
                 offset=offset,
                 nelems=src.numel(),
                 timeout_s=self._timeout_s,
-                payload=_bytes_of(src),
+                payload=bytes_of(src),
             )
 
     def get(
@@ -531,7 +372,7 @@ class Window:
                 offset=offset,
                 nelems=out.numel(),
                 timeout_s=self._timeout_s,
-                out=_bytes_of(out),
+                out=bytes_of(out),
             )
 
     def accumulate(
@@ -545,8 +386,8 @@ class Window:
     ) -> RmaWork | None:
         """Combine ``tensor`` into ``dst_rank``'s window with ``op``, atomically per target."""
         self._ensure_live()
-        if op not in _ACC_CODES:
-            raise WindowError(f"accumulate: op={op!r}; use one of {sorted(_ACC_CODES)}")
+        if op not in ACCUMULATE_CODES:
+            raise WindowError(f"accumulate: op={op!r}; use one of {sorted(ACCUMULATE_CODES)}")
         dst = self._check_rank(dst_rank, "accumulate: dst_rank")
         src = self._check_tensor(tensor, "accumulate")
         self._check_region(dst, target_offset_nelems, src.numel(), "accumulate")
@@ -556,16 +397,16 @@ class Window:
         target = self._target(dst)
         if isinstance(target, Segment):
             with target.mutex(MUTEX_ACCUMULATE, self._deadline(None), self._ensure_live):
-                _combine(target.data[offset : offset + src.numel()], src, op)
+                combine(target.data[offset : offset + src.numel()], src, op)
         else:
             target.request(
                 Op.ACC,
                 src=self.rank,
                 offset=offset,
                 nelems=src.numel(),
-                acc=_ACC_CODES[op],
+                acc=ACCUMULATE_CODES[op],
                 timeout_s=self._timeout_s,
-                payload=_bytes_of(src),
+                payload=bytes_of(src),
             )
 
     def signal(self, peer_rank: int, *, async_op: bool = False) -> RmaWork | None:
@@ -616,7 +457,7 @@ class Window:
         deadline = self._deadline(timeout)
         self.flush(timedelta(seconds=max(0.0, deadline - time.monotonic())))
         self._fence_n += 1
-        self._barrier(
+        self._rendezvous.barrier(
             f"fence{self._fence_n}", timedelta(seconds=max(0.0, deadline - time.monotonic()))
         )
 
@@ -675,69 +516,3 @@ class Window:
 
     def _target(self, rank: int) -> Segment | RemotePeer:
         return self._own if rank == self.rank else self._peers[rank]
-
-    # ------------------------------------------------------------------ progress-server side
-
-    def _itemsize(self) -> int:
-        return self._own.data.element_size()
-
-    def _serve_check(self, op: int, src: int, offset: int, nelems: int, acc: int) -> None:
-        if not 0 <= src < self.size:
-            raise WindowError(f"origin rank {src} is outside the group")
-        if op in (Op.PUT, Op.GET, Op.ACC):
-            self._check_region(self.rank, offset, nelems, "remote request")
-        if op == Op.ACC and acc not in _ACC_NAMES:
-            raise WindowError(f"unknown accumulate op code {acc}")
-
-    def _serve_revoked(self) -> bool:
-        return self._revoked is not None or self._closed
-
-    def _serve_region(self, offset: int, nelems: int) -> memoryview:
-        return _bytes_of(self._own.data[offset : offset + nelems])
-
-    def _serve_accumulate(
-        self, acc: int, offset: int, payload: bytearray, timeout_s: float
-    ) -> None:
-        src = (
-            torch.frombuffer(payload, dtype=self.dtype)
-            if payload
-            else torch.empty(0, dtype=self.dtype)
-        )
-        with self._own.mutex(MUTEX_ACCUMULATE, time.monotonic() + timeout_s):
-            _combine(self._own.data[offset : offset + src.numel()], src, _ACC_NAMES[acc])
-
-    def _serve_signal(self, src: int) -> None:
-        self._own.signals[src] = int(self._own.signals[src]) + 1
-        ring(self._bell.address)
-
-    def _serve_lock(self, src: int, exclusive: bool, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        attempt = 0
-        while not self._own.try_lock(src, exclusive, deadline):
-            if self._serve_revoked():
-                raise WindowRevokedError("the target's window was revoked", epoch=self.epoch)
-            if time.monotonic() > deadline:
-                raise CommTimeoutError(
-                    f"lock: rank {self.rank}'s window stayed locked past the timeout"
-                )
-            backoff_sleep(attempt)
-            attempt += 1
-
-    def _serve_unlock(self, src: int, exclusive: bool, timeout_s: float) -> None:
-        self._own.release_lock(src, exclusive, time.monotonic() + timeout_s)
-
-
-def _bytes_of(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy."""
-    return t.reshape(-1).view(torch.uint8).numpy().data
-
-
-def _combine(region: torch.Tensor, src: torch.Tensor, op: str) -> None:
-    if op == "sum":
-        region.add_(src)
-    elif op == "min":
-        torch.minimum(region, src, out=region)
-    elif op == "max":
-        torch.maximum(region, src, out=region)
-    else:
-        region.copy_(src)

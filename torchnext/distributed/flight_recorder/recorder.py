@@ -11,13 +11,13 @@ stuck. One call turns it on for the whole process::
     fr.dump()                                    # on demand
 
 Once enabled it records every op of torchnext's groups (through
-:mod:`torchnext.distributed._hooks`) and every plain ``torch.distributed`` collective
+:mod:`torchnext.distributed.group.hooks`) and every plain ``torch.distributed`` collective
 and point-to-point call (through wrappers, any backend: gloo included). It dumps by
 itself when an op fails, times out or is revoked, and when a group it is
 :func:`attach`-ed to is revoked; enabled from the environment, also when an op has
 run for ``TORCHNEXT_FR_STUCK_DUMP_S`` seconds (default 60). Dumps are JSON files, one
 per rank and incident, in ``TORCHNEXT_FR_DUMP_DIR`` (default ``./torchnext-fr``); read
-them with ``torchnext fr analyze DIR`` (:mod:`torchnext.distributed.fr_analyze`).
+them with ``torchnext fr analyze DIR`` (:mod:`torchnext.distributed.flight_recorder.analyzer`).
 
 What not to assume: the recorder is process-wide and Python-level (it sees what
 Python calls; a collective issued from C++ only is invisible); timestamps are host
@@ -33,8 +33,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from torchnext.distributed import _fr_patch, _fr_signal, _hooks
-from torchnext.distributed._fr_buffer import FlightRecorder, FlightRecorderConfig
+from torchnext.distributed.flight_recorder import dump_signal as _fr_signal
+from torchnext.distributed.flight_recorder import patch as _fr_patch
+from torchnext.distributed.flight_recorder.buffer import FlightRecorder, FlightRecorderConfig
+from torchnext.distributed.group import hooks as _hooks
 
 __all__ = [
     "FlightRecorder",
@@ -46,6 +48,7 @@ __all__ = [
     "dump",
     "attach",
     "install_signal_handler",
+    "enable_from_env",
 ]
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -104,7 +107,7 @@ def enable(
     Args:
         config: buffer size, stacks, dump folder...; default from ``TORCHNEXT_FR_*``.
         torch_distributed: also record plain ``torch.distributed`` calls (wraps its
-            functions; see :mod:`torchnext.distributed._fr_patch` for the one caveat).
+            functions; see :mod:`torchnext.distributed.flight_recorder.patch` for the one caveat).
     """
     global _recorder, _enabled
     with _lock:
@@ -158,7 +161,7 @@ def attach(group: Any, recorder: FlightRecorder | None = None) -> None:
 
     def on_revoke(err: Any) -> None:
         epoch = int(getattr(err, "epoch", getattr(group, "epoch", 0)) or 0)
-        rec._auto_dump(
+        rec.auto_dump(
             "revoke",
             epoch,
             revoke={
@@ -180,7 +183,7 @@ def install_signal_handler(signum: int = signal.SIGUSR1) -> None:
     the signal wakes at once, so ``kill -USR1 <pid>`` on a rank stuck inside a gloo
     collective dumps within milliseconds instead of when the collective times out.
     The handler installed before is still called, on the main thread, when Python
-    runs handlers there. See :mod:`torchnext.distributed._fr_signal` for the one
+    runs handlers there. See :mod:`torchnext.distributed.flight_recorder.dump_signal` for the one
     thing that sends dumps back to the main thread (another owner of the process's
     signal wakeup fd).
     """
@@ -194,11 +197,15 @@ def _dump_on_signal(signum: int) -> None:
     recorder.dump(reason=f"signal{signum}")
 
 
-def _maybe_enable_from_env() -> None:
+def enable_from_env() -> bool:
+    """Enable the recorder if ``TORCHNEXT_FR_ENABLE`` asks for it; whether it is on.
+
+    ``import torchnext.distributed`` calls this when the variable is set, so a job
+    switched on from its environment records from its first op. It does nothing
+    when the recorder is already on.
+    """
     from torchnext._env import TORCHNEXT_FR_ENABLE
 
     if TORCHNEXT_FR_ENABLE.get() and not _enabled:
         enable(_config_from_env(enabled_from_env=True))
-
-
-_maybe_enable_from_env()
+    return _enabled

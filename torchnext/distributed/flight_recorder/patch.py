@@ -31,9 +31,14 @@ from typing import Any
 import torch
 from torch.distributed import distributed_c10d as _c10d
 
-from torchnext.distributed._hooks import OpInfo, OpState
+from torchnext.compat.distributed_internals import (
+    c10d_world,
+    default_group,
+    process_group_name,
+)
+from torchnext.distributed.group.hooks import OpInfo, OpState
 
-__all__ = ["patch", "unpatch", "is_patched"]
+__all__ = ["patch", "unpatch", "is_patched", "original"]
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -89,6 +94,20 @@ def is_patched() -> bool:
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
+def original(fn_name: str) -> Callable[..., Any]:
+    """The unwrapped ``torch.distributed`` function ``fn_name`` while patched.
+
+    For measuring what the wrapper costs against the function it wraps.
+    """
+    fn = _originals.get(fn_name)
+    if fn is None:
+        raise KeyError(
+            f"original(fn_name={fn_name!r}): not patched; call patch() first "
+            f"(patched names: {sorted(_originals)})"
+        )
+    return fn
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -111,14 +130,14 @@ def _describe(value: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]
 def _group_facts(group: Any, recorder: _Observer) -> list[Any]:
     """[name, desc, ranks, rank, backend, counters[coll, p2p], recorder] of a group, cached."""
     c10d = _c10d
-    pg = group if group is not None else c10d._world.default_pg
+    pg = group if group is not None else c10d_world().default_pg
     hit = _groups.get(id(pg)) if pg is not None else None
     facts = hit[1] if hit is not None and hit[0]() is pg else None
     if facts is None:
         if pg is None:
-            pg = c10d._get_default_group()  # raises torch's own "not initialized" error
+            pg = default_group()  # raises torch's own "not initialized" error
         try:
-            name = c10d._get_process_group_name(pg)
+            name = process_group_name(pg)
         except Exception:  # noqa: BLE001 - names are best effort; the id still separates groups
             name = f"pg{id(pg):x}"
         desc = getattr(pg, "group_desc", "") or name

@@ -67,17 +67,19 @@ class OpObserver(Protocol):
         ...
 
 
-_observers: list[OpObserver] = []
+observers: list[OpObserver] = []
+"""The registered observers; read it to skip work nobody watches, change it only
+through :func:`register_observer` and :func:`unregister_observer`."""
 
 
 def register_observer(observer: OpObserver) -> None:
-    if observer not in _observers:
-        _observers.append(observer)
+    if observer not in observers:
+        observers.append(observer)
 
 
 def unregister_observer(observer: OpObserver) -> None:
-    if observer in _observers:
-        _observers.remove(observer)
+    if observer in observers:
+        observers.remove(observer)
 
 
 def describe(tensors: list[torch.Tensor]) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
@@ -89,10 +91,10 @@ def describe(tensors: list[torch.Tensor]) -> tuple[tuple[tuple[int, ...], ...], 
 
 def op_started(info: OpInfo) -> list[tuple[OpObserver, int]] | None:
     """Notify observers; returns the tokens to hand to :func:`op_finished` (None if none)."""
-    if not _observers:
+    if not observers:
         return None
     tokens = []
-    for obs in list(_observers):
+    for obs in list(observers):
         try:
             tokens.append((obs, obs.on_start(info)))
         except Exception:  # noqa: BLE001 - an observer must never break communication

@@ -39,7 +39,7 @@ from torchnext._env import TORCHNEXT_ERROR_FILE  # noqa: E402
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: _worker_entry script.py [args] | -m module [args]", file=sys.stderr)
+        print("usage: worker_entry script.py [args] | -m module [args]", file=sys.stderr)
         return 2
     as_module = argv[0] == "-m"
     target = argv[1] if as_module else argv[0]
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
 
 def _shut_down_groups() -> None:
     """Stop the groups the script left open, so no monitor thread outlives the interpreter."""
-    module = sys.modules.get("torchnext.distributed.group")
+    module = sys.modules.get("torchnext.distributed.group.fault_tolerant_group")
     if module is None:
         return  # the script made no group (and this must not import torch)
     for group in module.live_groups():

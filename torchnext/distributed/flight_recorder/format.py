@@ -7,8 +7,8 @@ Dumps are JSON documents laid out like PyTorch's own flight-recorder dumps (vers
 pid, the reason of the dump and how many entries the ring buffer dropped. Entries carry
 PyTorch's keys and a few extra ones (``epoch``, ``group_rank``, ``op``, ``error``).
 
-Used by the writer (:mod:`torchnext.distributed._fr_buffer`) and the reader
-(:mod:`torchnext.distributed.fr_analyze`). Loading never unpickles: a dump is data.
+Used by the writer (:mod:`torchnext.distributed.flight_recorder.buffer`) and the reader
+(:mod:`torchnext.distributed.flight_recorder.analyzer`). Loading never unpickles: a dump is data.
 """
 
 from __future__ import annotations

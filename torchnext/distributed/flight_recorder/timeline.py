@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from torchnext.distributed.fr_analyze import Analysis, Finding, GroupReport
+from torchnext.distributed.flight_recorder.analyzer import Analysis, Finding, GroupReport
 
 __all__ = ["render_html", "write_html"]
 

@@ -36,23 +36,25 @@ from typing import Any
 import torch
 import torch.distributed
 
-from torchnext.distributed._fr_format import (
+from torchnext.distributed.flight_recorder.exits import write_note
+from torchnext.distributed.flight_recorder.format import (
     ACCEPTED_BACKENDS,
     DUMP_VERSION,
     c10_dtype_name,
     dump_file_name,
     fr_op_name,
 )
-from torchnext.distributed._hooks import OpInfo, OpState
-from torchnext.distributed.fr_exits import write_note
+from torchnext.distributed.group.hooks import OpInfo, OpState
 
 __all__ = ["FlightRecorderConfig", "FlightRecorder"]
 
 logger: logging.Logger = logging.getLogger(__name__)
 
 _STARTED = "started"
+# Frames inside torchnext.distributed (this file sits one level below it) and
+# torch.distributed are ours, not the user's: the recorded stack starts below them.
 _INTERNAL_PREFIXES = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
     os.path.dirname(os.path.abspath(torch.distributed.__file__)) + os.sep,
 )
 _FAILURE_STATES = frozenset({"failed", "timed_out", "revoked"})
@@ -170,7 +172,7 @@ class FlightRecorder:
             # Lock-free scan of list copies: the watchdog must never stall recording.
             for state, t0, info in zip(list(self._states), list(self._t_start), list(self._infos)):
                 if state == _STARTED and info is not None and now - t0 > after_ns:
-                    self._auto_dump(
+                    self.auto_dump(
                         "stuck",
                         info.epoch,
                         stuck={
@@ -230,7 +232,7 @@ class FlightRecorder:
                     self._errors[s] = error[:500]
                 info = self._infos[s]
         if state in _FAILURE_STATES and self.config.dump_on_failure and info is not None:
-            self._auto_dump(state, info.epoch)
+            self.auto_dump(state, info.epoch)
 
     def _capture_stack(self) -> _Frames:
         frames: list[tuple[str, str, int]] = []
@@ -455,7 +457,7 @@ class FlightRecorder:
                 logger.exception("flight-recorder dump listener %r raised", listener)
         return path
 
-    def _auto_dump(self, reason: str, epoch: int, **meta: Any) -> Path | None:
+    def auto_dump(self, reason: str, epoch: int, **meta: Any) -> Path | None:
         """Dump once per (reason, epoch), at most ``max_auto_dumps`` times; never raises."""
         key = (reason, epoch)
         with self._dump_lock:

@@ -1,0 +1,34 @@
+"""The store keys that the launcher's agents and the workers' training loop share.
+
+Use these names wherever a key crosses the agent/worker boundary: the agent
+(:mod:`~torchnext.distributed.launch.agent`) and the manager
+(:mod:`~torchnext.distributed.training.manager`) both import them from here, so
+neither imports the other. Each constant is a key or a key prefix in the job's
+``torch.distributed.Store``; a prefix takes the suffix its docstring names.
+
+What not to assume: the keys are part of the job's wire format between processes of the
+same torchnext version. Changing one breaks a job whose agents and workers run
+different versions; keep them stable.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AGENT_ALIVE_KEY_PREFIX",
+    "AGENT_DETACHED_KEY_PREFIX",
+    "EVICTED_KEY_PREFIX",
+    "FINISHED_KEY",
+]
+
+EVICTED_KEY_PREFIX = "torchnext/agent/evicted/"
+"""Prefix the survivors set for a member they evicted (suffix: its member id); the
+agent that runs that member kills it."""
+
+FINISHED_KEY = "torchnext/job/finished"
+"""Set once training finished; late joiners exit instead of waiting."""
+
+AGENT_ALIVE_KEY_PREFIX = "torchnext/agent/alive/"
+"""Prefix of each non-hosting agent's liveness counter (suffix: its node rank)."""
+
+AGENT_DETACHED_KEY_PREFIX = "torchnext/agent/detached/"
+"""Prefix an agent sets when it is done with the store (suffix: its node rank)."""

@@ -1,0 +1,169 @@
+"""The agents' store: hosting it, connecting to it, and leaving it in order.
+
+A job's ``TCPStore`` is hosted by one agent (node 0's, or the only one) and used by
+every agent and worker of the job. This module makes and reaches it
+(:func:`host_store`, :func:`connect_store`) and holds the shutdown handshake between
+agents: a store that closes while another node's agent or workers still talk to it
+makes each of their store clients print a C++ stack trace (``recvValue failed``,
+``Broken pipe``) on every later call, and makes their workers' exits look like
+crashes. So, on a multi-node job:
+
+* every agent that does not host the store bumps its *alive* counter while it runs
+  (:func:`announce_alive`) and, once its workers have all exited, says goodbye
+  (:func:`say_goodbye`) before it drops its store client;
+* the hosting agent, once its own workers are done, keeps the store up until every
+  other agent said goodbye (:func:`await_goodbyes`). An agent that neither says
+  goodbye nor bumps its counter for the silence bound is taken for gone, so a dead
+  node cannot keep the host waiting forever; a live one, still training, keeps it.
+
+Liveness is judged by change of the counter in the host's monotonic clock, never by
+comparing clocks across machines.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any
+
+from torchnext.distributed.launch.keys import AGENT_ALIVE_KEY_PREFIX, AGENT_DETACHED_KEY_PREFIX
+from torchnext.errors import StoreUnreachableError
+
+__all__ = [
+    "AGENT_ALIVE_KEY_PREFIX",
+    "AGENT_DETACHED_KEY_PREFIX",
+    "announce_alive",
+    "await_goodbyes",
+    "connect_store",
+    "host_store",
+    "say_goodbye",
+]
+
+
+def host_store(host: str, port: int, timeout: timedelta) -> Any:
+    """A ``TCPStore`` server on ``host:port``; a port in use raises with the fix.
+
+    For an IPv4 address the listening socket is made here, IPv4-only, and handed to the
+    store: torch's own listener is dual-stack, so every client appears as a v4-mapped
+    IPv6 address, which ``/etc/hosts`` does not list, and the server's per-connection
+    reverse lookup of it goes to DNS on the store's event loop. One lost DNS packet then
+    stalls every client's store traffic for the resolver's retry timeout (5 s).
+    """
+    import torch.distributed as dist
+
+    listen_fd: int | None = None
+    try:
+        listen_fd = _ipv4_listener(host, port)
+        if listen_fd is None:
+            return dist.TCPStore(
+                host, port, is_master=True, wait_for_workers=False, timeout=timeout
+            )
+        return dist.TCPStore(
+            host,
+            port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timeout,
+            master_listen_fd=listen_fd,
+        )
+    except (RuntimeError, OSError) as exc:
+        if listen_fd is not None:
+            os.close(listen_fd)
+        text = str(exc)
+        if "EADDRINUSE" in text or "in use" in text:
+            raise StoreUnreachableError(
+                f"cannot host the store on {host}:{port}: the address is already in use. "
+                "Pass another --store-port (0 picks a free one), or stop the process using it."
+            ) from None
+        raise StoreUnreachableError(f"cannot host the store on {host}:{port}: {text}") from None
+
+
+def _ipv4_listener(host: str, port: int) -> int | None:
+    """A listening IPv4 socket's fd, owned by the caller; None if ``host`` is not IPv4."""
+    addr = "127.0.0.1" if host == "localhost" else host
+    try:
+        socket.inet_aton(addr)
+    except OSError:
+        return None
+    if addr.count(".") != 3:  # inet_aton also accepts shorthands like "127.1"
+        return None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise  # "Address already in use" is reported by host_store like torch's own error
+    # The store owns the descriptor from here on; the Python object must not close it.
+    return sock.detach()
+
+
+def connect_store(addr: str, timeout: timedelta) -> Any:
+    """A client of the ``TCPStore`` at ``host:port``, bounded by ``timeout``."""
+    import torch.distributed as dist
+
+    host, _, port = addr.rpartition(":")
+    try:
+        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise StoreUnreachableError(
+            f"cannot reach the store at {addr!r} within {timeout}: {exc}. Check that the "
+            "agent hosting it runs and that host and port are right."
+        ) from None
+
+
+def announce_alive(store: Any, node_rank: int) -> None:
+    """Bump this agent's liveness counter (a non-hosting agent, while it runs)."""
+    store.add(f"{AGENT_ALIVE_KEY_PREFIX}{node_rank}", 1)
+
+
+def say_goodbye(store: Any, node_rank: int) -> None:
+    """Tell the hosting agent that this agent and its workers are done with the store."""
+    store.set(f"{AGENT_DETACHED_KEY_PREFIX}{node_rank}", "1")
+
+
+def await_goodbyes(
+    store: Any,
+    node_ranks: Iterable[int],
+    *,
+    silence: timedelta,
+    poll_interval: timedelta = timedelta(milliseconds=100),
+    clock: Callable[[], float] = time.monotonic,
+) -> list[int]:
+    """Wait until every agent of ``node_ranks`` said goodbye or fell silent; returns the silent.
+
+    An agent is silent once neither its goodbye nor a change of its liveness counter
+    was seen for ``silence`` (counted from this call for an agent never heard of).
+    A store error ends the wait: the remaining agents are returned as silent.
+    """
+    if silence < timedelta(0):
+        raise ValueError(f"await_goodbyes: silence={silence} must be >= 0.")
+    pending = sorted(set(node_ranks))
+    last_seen: dict[int, int] = {}
+    changed_at = dict.fromkeys(pending, clock())
+    silent: list[int] = []
+    while pending:
+        now = clock()
+        still: list[int] = []
+        for rank in pending:
+            try:
+                if store.check([f"{AGENT_DETACHED_KEY_PREFIX}{rank}"]):
+                    continue
+                beats = int(store.add(f"{AGENT_ALIVE_KEY_PREFIX}{rank}", 0))
+            except Exception:  # noqa: BLE001 - our own store failing: stop waiting
+                return sorted(silent + pending)
+            if last_seen.get(rank) != beats:
+                last_seen[rank] = beats
+                changed_at[rank] = now
+            if now - changed_at[rank] > silence.total_seconds():
+                silent.append(rank)
+            else:
+                still.append(rank)
+        pending = still
+        if pending:
+            time.sleep(poll_interval.total_seconds())
+    return sorted(silent)

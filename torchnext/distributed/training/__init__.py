@@ -1,0 +1,46 @@
+"""Fault-tolerant training on a :class:`~torchnext.distributed.FaultTolerantGroup`.
+
+Use :class:`Manager` to run a data-parallel loop that survives members dying: it
+all-reduces gradients in buckets (:mod:`.bucketing`), votes on each step's commit
+(:mod:`.commit`), heals joiners from a live member's state (:mod:`.healing`) and
+splits the data over whoever is alive (:class:`ElasticSampler`, :mod:`.sampler`).
+
+What not to assume: names are loaded on first use; importing
+:class:`~torchnext.distributed.FaultTolerantGroup` alone never loads this package.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torchnext._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from torchnext.distributed.training.manager import (
+        Manager,
+        ManagerConfig,
+        ManagerEvent,
+        StepResult,
+    )
+    from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
+
+__all__ = [
+    "ElasticSampler",
+    "Manager",
+    "ManagerConfig",
+    "ManagerEvent",
+    "SamplerConfig",
+    "StepResult",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Manager": "manager",
+        "ManagerConfig": "manager",
+        "ManagerEvent": "manager",
+        "StepResult": "manager",
+        "ElasticSampler": "sampler",
+        "SamplerConfig": "sampler",
+    },
+)

@@ -1,0 +1,586 @@
+"""Fault-tolerant data-parallel training that heals in place: the training :class:`Manager`.
+
+Use it when a training job must keep going while members die and take replacements
+back without a restart. Each member (one process) holds a full replica of the model;
+the manager wraps a :class:`~torchnext.distributed.FaultTolerantGroup`, the model, the
+optimizer and an :class:`~torchnext.distributed.sampler.ElasticSampler`, and runs every
+step as a small replicated state machine (learned from torchft's Manager, but with a
+*member* rather than a replica group as the unit of failure)::
+
+    manager = Manager.from_env(model, optimizer, sampler)   # under `torchnext run`
+    while manager.step < total_steps:
+        # the closure returns the loss *summed* over this member's samples
+        result = manager.run_step(
+            lambda idx: F.cross_entropy(model(x[idx]), y[idx], reduction="sum")
+        )
+    manager.finish()
+
+Per step:
+
+1. *Quorum*: if the last step failed or joiners were admitted, the members agree on a
+   membership (``agree`` + ``shrink``, or ``grow``), compare their committed step
+   counts, and anyone behind (a joiner) receives model, optimizer, data position, RNG
+   state and step from a live peer over the network (:mod:`.healing`); the others go
+   on and wait at most for that transfer, in the step's first collective.
+2. Forward and backward on this member's share of the step's global batch; gradients
+   are summed in buckets whose all-reduce starts during backward (:mod:`.bucketing`).
+3. *Commit*: every member votes through the store (:mod:`.commit`); the step is applied
+   (optimizer step, data cursor advanced, ``step += 1``) only if every member of the
+   membership finished it. Otherwise every survivor discards it and redoes it on the
+   new membership with the same global batch, so replicas never diverge and the
+   trajectory equals a failure-free run's up to floating-point summation order.
+
+What not to assume: losses must be *sums* over the member's samples scaled by
+``sampler.loss_scale()`` (``run_step`` does the scaling if you return the sum); the
+manager owns ``optimizer.step()`` and ``zero_grad()``; a process whose group evicted
+it (it hung) gets :class:`~torchnext.errors.StaleEpochError` and should exit with
+:data:`~torchnext.distributed.launch.exits.EXIT_EVICTED` so the agent replaces it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from torchnext.distributed.group.fault_tolerant_group import FaultTolerantGroup
+from torchnext.distributed.launch.keys import EVICTED_KEY_PREFIX, FINISHED_KEY
+from torchnext.distributed.training.bucketing import GradBucketer
+from torchnext.distributed.training.commit import CommitVote, Decision
+from torchnext.distributed.training.healing import (
+    StateServer,
+    TransferStats,
+    describe_tensors,
+    fetch_state,
+    local_address_towards,
+    rng_state,
+    set_rng_state,
+)
+from torchnext.distributed.training.sampler import ElasticSampler
+from torchnext.errors import (
+    CommError,
+    CommTimeoutError,
+    HealingError,
+    HealingRefusedError,
+    StaleEpochError,
+)
+
+__all__ = ["ManagerConfig", "ManagerEvent", "StepResult", "Manager"]
+
+logger = logging.getLogger(__name__)
+
+_HEAL_KEY = "torchnext/heal"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManagerConfig:
+    """Bounds and knobs of a :class:`Manager`."""
+
+    step_timeout: timedelta = timedelta(seconds=30)
+    """Bound on a step's gradient all-reduce and commit vote (failures are detected
+    much sooner, by the group's revoke; this only catches what nothing reports)."""
+    recovery_timeout: timedelta = timedelta(seconds=30)
+    """Bound on agreeing on a new membership after a failure."""
+    heal_timeout: timedelta = timedelta(seconds=120)
+    """Bound on one state transfer to a joiner (size it for your state and network)."""
+    grow_timeout: timedelta = timedelta(seconds=30)
+    """Bound on admitting pending joiners."""
+    bucket_cap_bytes: int = 25 * 1024 * 1024
+    """Gradient bucket size; smaller buckets start communicating earlier."""
+    check_replicas: bool = False
+    """After every committed step, compare a CRC of parameters and optimizer state
+    across members (one extra small collective); mismatches are counted and reported."""
+    heal_host: str = ""
+    """Interface the healing server binds; empty means the one that reaches the store."""
+    max_recoveries: int = 1000
+    """Give up (raise) after this many membership changes in one run."""
+
+    def __post_init__(self) -> None:
+        for name in ("step_timeout", "recovery_timeout", "heal_timeout", "grow_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta) or value.total_seconds() <= 0:
+                raise ValueError(f"ManagerConfig.{name}={value!r} must be a positive timedelta.")
+        if self.bucket_cap_bytes <= 0:
+            raise ValueError(
+                f"ManagerConfig.bucket_cap_bytes={self.bucket_cap_bytes} must be positive."
+            )
+        if self.max_recoveries < 1:
+            raise ValueError(f"ManagerConfig.max_recoveries={self.max_recoveries} must be >= 1.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManagerEvent:
+    """Something the manager did or saw; handed to ``on_event``."""
+
+    kind: str
+    """``failure_detected``, ``step_aborted``, ``shrink``, ``grow``, ``healing`` (a
+    joiner starts receiving), ``healed``, ``serving_heal`` / ``served_heal`` (a healer
+    starts / finished sending), ``replica_mismatch``, ``finished``."""
+    step: int
+    epoch: int
+    world_size: int
+    member_id: str
+    time: float
+    """``time.time()`` when it happened (comparable across processes of one machine)."""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    committed: bool
+    step: int
+    """Committed steps after this one (unchanged when not committed)."""
+    loss: float
+    """Global-batch loss of the step (the all-reduced scaled sum); NaN if unknown."""
+    world_size: int
+    reason: str = ""
+
+
+class Manager:
+    """Runs fault-tolerant data-parallel steps on one member (see the module docstring)."""
+
+    def __init__(
+        self,
+        group: FaultTolerantGroup,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sampler: ElasticSampler,
+        *,
+        config: ManagerConfig | None = None,
+        joining: bool = False,
+        on_event: Callable[[ManagerEvent], None] | None = None,
+    ) -> None:
+        self.group = group
+        self.model = model
+        self.optimizer = optimizer
+        self.sampler = sampler
+        self.config = config or ManagerConfig()
+        self.on_event = on_event
+        self.step = -1 if joining else 0
+        self.steps_redone = 0
+        self.recoveries = 0
+        self.replica_mismatches = 0
+        self.replica_checks = 0
+        self.heal_stats: list[TransferStats] = []
+        self._vote = CommitVote(group.store)
+        self._bucketer = GradBucketer(
+            list(model.parameters()),
+            self._all_reduce_async,
+            bucket_cap_bytes=self.config.bucket_cap_bytes,
+        )
+        self._needs_recovery = ""
+        self._needs_sync = True
+        self._first_sync = True
+        self._server: StateServer | None = None
+        self._failure_seen_epoch = -1
+        group.add_revoke_callback(self._on_revoke)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_env(
+        cls,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sampler: ElasticSampler,
+        *,
+        config: ManagerConfig | None = None,
+        on_event: Callable[[ManagerEvent], None] | None = None,
+        join_timeout: timedelta = timedelta(seconds=120),
+    ) -> Manager:
+        """Create or join the group the launcher described in the environment.
+
+        A replacement started by ``torchnext run`` (``TORCHNEXT_JOIN=1``) joins the
+        running group and heals at its first step; initial members create the group.
+        """
+        from torchnext._env import TORCHNEXT_JOIN, TORCHNEXT_MEMBER_ID, TORCHNEXT_STORE_ADDR
+        from torchnext.distributed.launch.store import connect_store
+
+        if TORCHNEXT_JOIN.get():
+            store = connect_store(TORCHNEXT_STORE_ADDR.get(), timedelta(seconds=30))
+            group = FaultTolerantGroup.join(
+                store, member_id=TORCHNEXT_MEMBER_ID.get(), timeout=join_timeout
+            )
+            return cls(
+                group, model, optimizer, sampler, config=config, joining=True, on_event=on_event
+            )
+        group = FaultTolerantGroup.from_env()
+        return cls(group, model, optimizer, sampler, config=config, on_event=on_event)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def rank(self) -> int:
+        return int(self.group.rank)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.group.size)
+
+    @property
+    def member_id(self) -> str:
+        return str(self.group.member_id)
+
+    # ------------------------------------------------------------------ events
+
+    def _emit(self, kind: str, **detail: Any) -> None:
+        event = ManagerEvent(
+            kind=kind,
+            step=self.step,
+            epoch=int(self.group.epoch),
+            world_size=self.world_size,
+            member_id=self.member_id,
+            time=time.time(),
+            detail=detail,
+        )
+        logger.info("manager %s: %s %s", self.member_id, kind, detail)
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:  # noqa: BLE001 - a reporting callback must not break training
+                logger.exception("on_event callback raised; ignoring")
+
+    def _on_revoke(self, exc: BaseException) -> None:
+        reason = str(getattr(exc, "reason", "") or exc)
+        if reason.startswith("superseded") or "was evicted" in reason:
+            return  # a planned epoch change (grow, shrink), not a failure
+        epoch = int(getattr(exc, "epoch", -1))
+        if epoch != self._failure_seen_epoch:
+            self._failure_seen_epoch = epoch
+            self._emit("failure_detected", reason=reason, revoked_epoch=epoch)
+
+    # ------------------------------------------------------------------ communication
+
+    def _all_reduce_async(self, tensor: torch.Tensor) -> Any:
+        return self.group.all_reduce(tensor, async_op=True, timeout=self.config.step_timeout)
+
+    def _failure_reason(self) -> str:
+        # Only the current epoch's revoke counts: errored() also remembers errors of
+        # epochs already recovered from.
+        return "group revoked (a member failed)" if self.group.is_revoked else ""
+
+    # ------------------------------------------------------------------ the step
+
+    def start_step(self) -> list[int]:
+        """Settle membership and healing, then return this member's sample indices."""
+        while self._needs_recovery or self._needs_sync:
+            try:
+                if self._needs_recovery:
+                    self._recover(self._needs_recovery)
+                if self._needs_sync:
+                    self._sync_and_heal()
+                    self._needs_sync = False
+            except StaleEpochError:
+                raise  # evicted: this process must exit and be replaced
+            except HealingRefusedError as exc:
+                if self.step < 0:
+                    raise  # this joiner can never match the group: a bug, not a fault
+                # A refused joiner will exit; continue without it.
+                self._needs_recovery = f"refused a joiner: {exc}"
+            except (CommError, CommTimeoutError, OSError) as exc:
+                # Another failure while recovering or healing: agree again.
+                self._needs_recovery = f"recovery or healing failed: {type(exc).__name__}: {exc}"
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.sampler.indices(self.rank, self.world_size)
+
+    def finish_step(self, loss: torch.Tensor | None = None) -> StepResult:
+        """Wait for the gradients, vote, and apply the step only if every member finished it.
+
+        ``loss`` is this member's scaled loss (sum over its samples times
+        ``sampler.loss_scale()``); it is summed over members into the global-batch loss.
+        """
+        ok, reason = True, ""
+        loss_buf = torch.zeros(1, dtype=torch.float64)
+        if loss is not None:
+            loss_buf[0] = float(loss.detach())
+        try:
+            self._bucketer.finish(self.config.step_timeout)
+            self.group.all_reduce(loss_buf, timeout=self.config.step_timeout)
+        except (CommError, CommTimeoutError, OSError) as exc:
+            ok, reason = False, f"{self.member_id}: {type(exc).__name__}: {exc}"
+            self._bucketer.abandon()
+            if not self.group.is_revoked:
+                # Wake members still blocked in this step's collectives.
+                self.group.revoke(reason)
+        epoch, size = int(self.group.epoch), self.world_size
+        decision = self._vote.decide(
+            epoch=epoch,
+            step=self.step,
+            size=size,
+            ok=ok,
+            timeout=self.config.step_timeout,
+            failed=self._failure_reason,
+            joiners_pending=self._joiners_pending,
+            local_reason=reason,
+        )
+        if not decision.commit:
+            return self._abort(decision)
+        self.optimizer.step()
+        self.sampler.commit()
+        self.step += 1
+        if self.step > 2:
+            self._vote.cleanup(epoch, self.step - 3)
+        if self.config.check_replicas:
+            self._check_replicas()
+        if decision.grow:
+            self._grow()
+        return StepResult(committed=True, step=self.step, loss=float(loss_buf[0]), world_size=size)
+
+    def run_step(self, closure: Callable[[list[int]], torch.Tensor]) -> StepResult:
+        """Run one step to commit, redoing it after failures.
+
+        ``closure(indices)`` computes the *summed* loss of this member's samples (it may be
+        an empty list) and returns it without calling ``backward``; the manager scales it,
+        runs backward (overlapping the all-reduce) and commits.
+        """
+        while True:
+            indices = self.start_step()
+            loss = closure(indices) * self.sampler.loss_scale()
+            loss.backward()
+            result = self.finish_step(loss)
+            if result.committed:
+                return result
+
+    def _joiners_pending(self) -> bool:
+        try:
+            return bool(self.group.pending_joiners())
+        except Exception:  # noqa: BLE001 - a failed query only delays admitting joiners
+            return False
+
+    def _abort(self, decision: Decision) -> StepResult:
+        self._bucketer.abandon()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps_redone += 1
+        self._emit("step_aborted", reason=decision.reason)
+        self._needs_recovery = decision.reason or "step aborted"
+        return StepResult(
+            committed=False,
+            step=self.step,
+            loss=float("nan"),
+            world_size=self.world_size,
+            reason=decision.reason,
+        )
+
+    # ------------------------------------------------------------------ membership
+
+    def _recover(self, reason: str) -> None:
+        """Agree on the survivors and shrink to them (bounded, retried on new failures)."""
+        self.recoveries += 1
+        if self.recoveries > self.config.max_recoveries:
+            raise CommError(
+                f"{self.member_id}: gave up after {self.config.max_recoveries} membership changes; "
+                f"last reason: {reason}. Raise ManagerConfig.max_recoveries if this is expected."
+            )
+        t0 = time.monotonic()
+        if not self.group.is_revoked:
+            self.group.revoke(reason)
+        decision = self.group.shrink(timeout=self.config.recovery_timeout)
+        removed = list(decision.failed)
+        for member in removed:
+            try:
+                self.group.store.set(EVICTED_KEY_PREFIX + member, "1")
+            except Exception:  # noqa: BLE001 - the agent's cleanup is best effort
+                pass
+        self._needs_recovery = ""
+        self._needs_sync = True
+        self._emit(
+            "shrink",
+            removed=removed,
+            members=list(self.group.members),
+            reason=reason,
+            seconds=time.monotonic() - t0,
+        )
+
+    def _grow(self) -> None:
+        t0 = time.monotonic()
+        try:
+            decision = self.group.grow(timeout=self.config.grow_timeout)
+        except (CommError, CommTimeoutError) as exc:
+            if isinstance(exc, StaleEpochError):
+                raise
+            self._needs_recovery = f"grow failed: {exc}"
+            return
+        self._needs_sync = True
+        for member in decision.failed:
+            try:
+                self.group.store.set(EVICTED_KEY_PREFIX + member, "1")
+            except Exception:  # noqa: BLE001 - the agent's cleanup is best effort
+                pass
+        self._emit(
+            "grow",
+            added=list(decision.joined),
+            removed=list(decision.failed),
+            members=list(decision.members),
+            seconds=time.monotonic() - t0,
+        )
+
+    # ------------------------------------------------------------------ healing
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a joiner needs to become an identical replica."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "step": self.step,
+            "steps_redone": self.steps_redone,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.steps_redone = int(state.get("steps_redone", 0))
+
+    def _sync_and_heal(self) -> None:
+        """Compare committed steps; members behind receive state from one that is not."""
+        size = self.world_size
+        mine = torch.tensor([self.step], dtype=torch.int64)
+        steps = torch.zeros(size, dtype=torch.int64)
+        self.group.all_gather_into_tensor(steps, mine, timeout=self.config.step_timeout)
+        step_of = steps.tolist()
+        best = max(step_of)
+        if best < 0:
+            raise CommError(
+                f"{self.member_id}: no member of epoch {self.group.epoch} has committed state to heal "
+                f"from (steps {step_of}); every original member is gone."
+            )
+        sources = [r for r, s in enumerate(step_of) if s == best]
+        if best == 0 and (self._first_sync or any(s < 0 for s in step_of)):
+            # Nothing trained yet: one broadcast of the first source's initial weights
+            # makes every replica (joiners included) start identical, whatever its seed.
+            for tensor in self.model.state_dict().values():
+                self.group.broadcast(tensor, src=sources[0], timeout=self.config.step_timeout)
+            self.step = 0
+            self._first_sync = False
+            return
+        self._first_sync = False
+        dests = [r for r, s in enumerate(step_of) if s != best]
+        if not dests:
+            return
+        plan = {d: sources[i % len(sources)] for i, d in enumerate(dests)}
+        members = tuple(self.group.members)
+        key_base = f"{_HEAL_KEY}/{self.group.epoch}"
+        if self.rank in sources:
+            mine_dests = [members[d] for d, s in plan.items() if s == self.rank]
+            if not mine_dests:
+                return
+            server = self._heal_server()
+            self._emit("serving_heal", to=mine_dests)
+            self.group.store.set(
+                f"{key_base}/{self.member_id}",
+                json.dumps({"address": server.address, "token": server.token}),
+            )
+            served = server.serve(
+                self.state_dict(), joiners=mine_dests, timeout=self.config.heal_timeout
+            )
+            for s in served:
+                self._emit(
+                    "served_heal",
+                    to=s.peer,
+                    bytes=s.total_bytes,
+                    seconds=s.seconds,
+                    mb_per_s=s.mb_per_s,
+                )
+            return
+        source_id = members[plan[self.rank]]
+        self._emit("healing", source=source_id)
+        t0 = time.monotonic()
+        info = self._wait_key(f"{key_base}/{source_id}", self.config.heal_timeout)
+        state, stats = fetch_state(
+            info["address"],
+            member_id=self.member_id,
+            token=info["token"],
+            model_spec=describe_tensors(self.model.state_dict()),
+            timeout=self.config.heal_timeout,
+            peer=source_id,
+        )
+        self.load_state_dict(state)
+        self.heal_stats.append(stats)
+        self._emit(
+            "healed",
+            source=source_id,
+            bytes=stats.total_bytes,
+            seconds=time.monotonic() - t0,
+            mb_per_s=stats.mb_per_s,
+        )
+
+    def _heal_server(self) -> StateServer:
+        if self._server is None:
+            host = self.config.heal_host
+            if not host:
+                store = self.group.store
+                host = local_address_towards(
+                    str(getattr(store, "host", "127.0.0.1")), int(getattr(store, "port", 0))
+                )
+            self._server = StateServer(host=host)
+        return self._server
+
+    def _wait_key(self, key: str, timeout: timedelta) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout.total_seconds()
+        store = self.group.store
+        while not store.check([key]):
+            if self.group.is_revoked:
+                raise HealingError(
+                    f"{self.member_id}: group revoked while waiting for the healer ({key})"
+                )
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(
+                    f"{self.member_id}: healer did not publish {key} within {timeout}"
+                )
+            time.sleep(0.005)
+        return dict(json.loads(store.get(key)))
+
+    # ------------------------------------------------------------------ checks
+
+    def checksum(self) -> int:
+        """CRC32 of every parameter, buffer and optimizer-state tensor (bit-exact fingerprint)."""
+        crc = 0
+        tensors = list(self.model.state_dict().values())
+        for state in self.optimizer.state.values():
+            tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+        for t in tensors:
+            raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+            crc = zlib.crc32(memoryview(raw), crc)
+        return crc
+
+    def _check_replicas(self) -> None:
+        mine = torch.tensor([self.checksum()], dtype=torch.int64)
+        everyone = torch.zeros(self.world_size, dtype=torch.int64)
+        try:
+            self.group.all_gather_into_tensor(everyone, mine, timeout=self.config.step_timeout)
+        except (CommError, CommTimeoutError) as exc:
+            self._needs_recovery = f"replica check failed: {exc}"
+            return
+        self.replica_checks += 1
+        if len(set(everyone.tolist())) != 1:
+            self.replica_mismatches += 1
+            self._emit("replica_mismatch", checksums=everyone.tolist())
+
+    # ------------------------------------------------------------------ end
+
+    def finish(self) -> None:
+        """Mark the job finished (late joiners and the agent stop waiting) and release sockets."""
+        try:
+            self.group.store.set(FINISHED_KEY, str(self.step))
+        except Exception:  # noqa: BLE001
+            pass
+        self._emit("finished", steps_redone=self.steps_redone, recoveries=self.recoveries)
+        self._bucketer.remove()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def evicted(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the group moved on without this member (exit and be replaced)."""
+        return isinstance(exc, StaleEpochError)
