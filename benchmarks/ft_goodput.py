@@ -16,7 +16,7 @@ load drift on a shared machine hits all three alike. Goodput = committed steps t
 survive to the end of a window per second, from the window's first committed step
 (process start-up is common to all modes and not compared).
 Then the time to heal 10 MB, 100 MB and 1 GB of state from one process to another over
-loopback with :mod:`torchnext.distributed.healing` (median of 3).
+loopback with :mod:`torchnext.distributed.training.healing` (median of 3).
 
 Usage: ``torchnext bench ft-goodput [--quick] [--rounds 3] [--fault-every-s 30]``.
 """
@@ -46,9 +46,9 @@ LATEST_KEY = "bench/latest"
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from torchnext.distributed.launcher import EXIT_EVICTED
-    from torchnext.distributed.manager import Manager, ManagerConfig
-    from torchnext.distributed.sampler import ElasticSampler, SamplerConfig
+    from torchnext.distributed.launch.exits import EXIT_EVICTED
+    from torchnext.distributed.training.manager import Manager, ManagerConfig
+    from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
@@ -129,7 +129,7 @@ def _ckpt_step(ckpt_dir: str) -> int:
 
 
 def _agent(script: str, extra: list[str], nproc: int, log_dir: str) -> Any:
-    from torchnext.distributed.launcher import Agent, AgentConfig
+    from torchnext.distributed.launch.agent import Agent, AgentConfig
 
     cfg = AgentConfig(
         nproc=nproc, max_restarts=1000, log_dir=log_dir, term_grace=timedelta(seconds=2)
@@ -197,7 +197,7 @@ def _run_window(
 
 def _heal_server(nbytes: int) -> int:
     """Child-process side: serve ``nbytes`` of state once; prints ``address token`` first."""
-    from torchnext.distributed.healing import StateServer
+    from torchnext.distributed.training.healing import StateServer
 
     state = {"model": {"w": torch.ones(nbytes // 4, dtype=torch.float32)}, "step": 1}
     with StateServer() as server:
@@ -208,7 +208,7 @@ def _heal_server(nbytes: int) -> int:
 
 def _heal_rate(script: str, nbytes: int) -> tuple[float, float]:
     """Seconds and MB/s to receive ``nbytes`` of state from another process over loopback."""
-    from torchnext.distributed.healing import fetch_state
+    from torchnext.distributed.training.healing import fetch_state
 
     proc = subprocess.Popen(
         [sys.executable, script, "--heal-server", str(nbytes)], stdout=subprocess.PIPE, text=True

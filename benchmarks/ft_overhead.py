@@ -1,21 +1,26 @@
 """Overhead of FaultTolerantGroup.all_reduce against plain gloo, nothing failing.
 
-Two worker processes (default; ``--world-size``) run all-reduces of the same tensor,
-in alternating batches (the same order on every rank, so both sides stay in lockstep),
-on:
+Two worker processes (default; ``--world-size``) run all-reduces of the same tensor on:
 
 * ``gloo``: the raw gloo backend group, ``pg.allreduce([t]).wait()`` (the strictest
   baseline: no torch.distributed Python layer at all);
 * ``torchnext``: ``FaultTolerantGroup.all_reduce(t)`` (heartbeats and revoke watch on).
 
-Sizes 1 KB, 1 MB and 16 MB. Overhead = the median over repetitions of the paired
-difference (a torchnext batch's mean call time minus the adjacent gloo batch's), for
-the rank where it is largest, with a 95 % bootstrap interval: loopback latency drifts
-and jitters, so read the interval, not only the point. The same measurement in one
-process (no network: a one-member gloo group still runs its collective machinery)
-isolates the per-call cost torchnext adds.
+Sizes 1 KB, 1 MB and 16 MB. The two calls are timed one by one in adjacent pairs
+(gloo then torchnext, then the other way round, the same order on every rank so both
+sides stay in lockstep): loopback latency drifts over seconds and jitters from call
+to call, and a difference of neighbours cancels the drift. Each size gets a time
+budget; the members agree on the pair count from a warm-up estimate, so every rank
+issues the same calls. Overhead = the median paired difference, for the rank where it
+is largest, relative to the median gloo time, with a 95 % bootstrap interval of that
+median. The same measurement in one process (no network: a one-member gloo group
+still runs its collective machinery) isolates the per-call cost torchnext adds.
 
-    torchnext bench ft-overhead [--quick] [--world-size N]
+    torchnext bench ft-overhead [--quick] [--world-size N] [--budget-s S]
+
+What not to assume: on a loaded machine the interval widens; read it before the point.
+The default budget (about 6 minutes in all) is sized so that on a quiet 2-core machine
+the 1 MB and 16 MB intervals are narrower than +-3 % of the gloo time.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 SIZES = {"1kb": 1 << 10, "1mb": 1 << 20, "16mb": 16 << 20}
 
 
-def _worker(ctx: Any, reps: int, inner: dict[str, int]) -> dict[str, Any]:
+def _worker(ctx: Any, budget_s: dict[str, float], max_pairs: int) -> dict[str, Any]:
     import time
 
     import torch
@@ -48,24 +53,29 @@ def _worker(ctx: Any, reps: int, inner: dict[str, int]) -> dict[str, Any]:
         for _ in range(5):  # warm both paths (connections, allocator, caches)
             plain.allreduce([t]).wait()
             group.all_reduce(t)
-        n = inner[label]
-        pairs: list[tuple[float, float]] = []
-        # Batches alternate, and each gloo batch is paired with the torchnext batch next
-        # to it: loopback latency drifts over seconds, and a paired difference cancels it.
-        for r in range(reps):
-            gloo_s = ft_s = 0.0
-            for side in (0, 1) if r % 2 == 0 else (1, 0):
+        t0 = clock()
+        for _ in range(5):
+            plain.allreduce([t]).wait()
+            group.all_reduce(t)
+        pair_s = (clock() - t0) / 5
+        # Every rank must issue the same number of calls: agree on the largest estimate.
+        n_pairs = torch.tensor([min(max_pairs, max(20, int(budget_s[label] / pair_s)))])
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        plain.allreduce([n_pairs], opts).wait()
+        n = int(n_pairs.item())
+        gloo_s: list[float] = []
+        ft_s: list[float] = []
+        for i in range(n):
+            for side in (0, 1) if i % 2 == 0 else (1, 0):
                 t0 = clock()
                 if side == 0:
-                    for _ in range(n):
-                        plain.allreduce([t]).wait()
-                    gloo_s = (clock() - t0) / n
+                    plain.allreduce([t]).wait()
+                    gloo_s.append(clock() - t0)
                 else:
-                    for _ in range(n):
-                        group.all_reduce(t)
-                    ft_s = (clock() - t0) / n
-            pairs.append((gloo_s, ft_s))
-        out[label] = pairs
+                    group.all_reduce(t)
+                    ft_s.append(clock() - t0)
+        out[label] = list(zip(gloo_s, ft_s, strict=True))
     group.barrier()
     group.shutdown()
     return out
@@ -78,7 +88,8 @@ def _paired(pairs: list[tuple[float, float]], seed: int = 0) -> dict[str, float]
     a = np.asarray(pairs)
     diff = a[:, 1] - a[:, 0]
     rng = np.random.default_rng(seed)
-    boot = [np.median(rng.choice(diff, diff.size)) for _ in range(1000)]
+    idx = rng.integers(0, diff.size, size=(1000, diff.size))
+    boot = np.median(diff[idx], axis=1)
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return {
         "gloo_s": float(np.median(a[:, 0])),
@@ -86,15 +97,20 @@ def _paired(pairs: list[tuple[float, float]], seed: int = 0) -> dict[str, float]
         "over_s": float(np.median(diff)),
         "lo_s": float(lo),
         "hi_s": float(hi),
+        "pairs": int(diff.size),
     }
 
 
-def _run(world_size: int, reps: int, inner: dict[str, int]) -> dict[str, dict[str, float]]:
+def _run(
+    world_size: int, budget_s: dict[str, float], max_pairs: int
+) -> dict[str, dict[str, float]]:
     from torchnext.testing import run_workers
 
     # Pickle the worker by a module name the worker processes can import.
     worker = importlib.import_module(Path(__file__).stem)._worker
-    result = run_workers(worker, reps, inner, world_size=world_size, timeout=timedelta(seconds=900))
+    result = run_workers(
+        worker, budget_s, max_pairs, world_size=world_size, timeout=timedelta(seconds=900)
+    )
     result.raise_if_failed()
     # The rank with the largest overhead (each rank timed the same call sequence).
     return {
@@ -107,14 +123,22 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="torchnext bench ft-overhead")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds of paired calls per size with --world-size processes (default 90; "
+        "30 with --quick); the 1-process rows get a third of it",
+    )
     args = parser.parse_args(argv)
     if args.world_size < 2:
         parser.error(f"--world-size={args.world_size}: pass 2 or more (1 is always measured)")
+    if args.budget_s is not None and args.budget_s <= 0:
+        parser.error(f"--budget-s={args.budget_s}: pass a positive number of seconds")
 
     from torchnext.benchmarking import Report
 
-    reps = 7 if args.quick else 25
-    inner = {"1kb": 50, "1mb": 10, "16mb": 1} if args.quick else {"1kb": 200, "1mb": 40, "16mb": 4}
+    budget = args.budget_s if args.budget_s is not None else (30.0 if args.quick else 90.0)
     report = Report(
         name="ft-overhead",
         columns=[
@@ -125,11 +149,16 @@ def main(argv: list[str]) -> int:
             "overhead_us",
             "overhead_pct",
             "ci95_us",
+            "ci95_pct",
+            "pairs",
         ],
     )
     for world_size in (args.world_size, 1):
-        for label, d in _run(world_size, reps, inner).items():
+        share = budget if world_size > 1 else budget / 3
+        measured = _run(world_size, dict.fromkeys(SIZES, share), max_pairs=200_000)
+        for label, d in measured.items():
             over_us, pct = d["over_s"] * 1e6, 100 * d["over_s"] / d["gloo_s"]
+            lo_pct, hi_pct = (100 * d[k] / d["gloo_s"] for k in ("lo_s", "hi_s"))
             report.add(
                 size=label,
                 processes=world_size,
@@ -138,9 +167,13 @@ def main(argv: list[str]) -> int:
                 overhead_us=over_us,
                 overhead_pct=pct,
                 ci95_us=f"[{d['lo_s'] * 1e6:.1f}, {d['hi_s'] * 1e6:.1f}]",
+                ci95_pct=f"[{lo_pct:.2f}, {hi_pct:.2f}]",
+                pairs=d["pairs"],
             )
             if world_size == args.world_size:
                 report.summary[f"overhead_{label}_pct"] = round(pct, 3)
+                report.summary[f"overhead_{label}_ci95_pct"] = [round(lo_pct, 3), round(hi_pct, 3)]
+                report.summary[f"ci95_halfwidth_{label}_pct"] = round((hi_pct - lo_pct) / 2, 3)
                 if label == "1kb":
                     report.summary["overhead_1kb_us"] = round(over_us, 3)
             else:
@@ -151,9 +184,10 @@ def main(argv: list[str]) -> int:
         "adds its own Python layer on top of that"
     )
     report.notes.append(
-        "overhead = median over repetitions of (torchnext batch mean - adjacent gloo batch "
-        "mean), worst rank, with a 95 % bootstrap interval; the 1-process rows have no "
-        "network, so they isolate the per-call cost torchnext adds (added_cost_*_us)"
+        "overhead = median of (torchnext call - adjacent gloo call) over the pairs, worst "
+        "rank, with a 95 % bootstrap interval of that median (ci95_*, also as % of the "
+        "median gloo time); the 1-process rows have no network, so they isolate the "
+        "per-call cost torchnext adds (added_cost_*_us)"
     )
     report.write()
     return 0

@@ -117,7 +117,7 @@ def _wait_key(store: Any, key: str, timeout_s: float) -> None:
 def _measure_kills(
     mod: Any, n: int, nbytes: int, kills: int, rng: random.Random
 ) -> list[tuple[float, float]]:
-    from torchnext.distributed.membership import Keys
+    from torchnext.distributed.group.membership import Keys
     from torchnext.testing import MultiProcessHarness
 
     out: list[tuple[float, float]] = []

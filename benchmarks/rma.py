@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
 
     sizes = QUICK_SIZES if args.quick else SIZES
     reps = 5 if args.quick else 11
-    from torchnext.distributed.launcher import host_store
+    from torchnext.distributed.launch.store import host_store
 
     store = host_store("127.0.0.1", 0, timedelta(seconds=60))
     with tempfile.TemporaryDirectory(prefix="torchnext-rma-bench-") as tmp:

@@ -59,11 +59,11 @@ def train(model: torch.nn.Module, steps: int, to_mesh: object | None) -> list[di
         loss.backward()
         with torch.no_grad():
             grads = [p.grad for p in params]
-            m = [0.9 * mi + 0.1 * gi for mi, gi in zip(m, grads)]
-            v = [0.99 * vi + 0.01 * gi * gi for vi, gi in zip(v, grads)]
+            m = [0.9 * mi + 0.1 * gi for mi, gi in zip(m, grads, strict=True)]
+            v = [0.99 * vi + 0.01 * gi * gi for vi, gi in zip(v, grads, strict=True)]
             denom = [vi.sqrt() + 1e-8 for vi in v]
             new = torch._foreach_addcdiv(params, m, denom, -0.05)
-            for p, n in zip(params, new):
+            for p, n in zip(params, new, strict=True):
                 p.copy_(n)
             probs = logits.softmax(-1)
             top = (place(torch.empty(BATCH, 2)), place(torch.empty(BATCH, 2, dtype=torch.long)))
@@ -111,7 +111,7 @@ def worker(ctx: WorkerContext, steps: int, backport: bool) -> dict[str, object]:
     except NotImplementedError as exc:
         return {"error": str(exc).splitlines()[0]}
     want = train(make_model(), steps, None)
-    worst = max(abs(g[k] - w[k]) for g, w in zip(got, want) for k in g)
+    worst = max(abs(g[k] - w[k]) for g, w in zip(got, want, strict=True) for k in g)
     return {"history": got, "max_abs_diff": worst}
 
 

@@ -225,7 +225,7 @@ def _run_case(op_name: str, placement: str, out_placement: str | None, mesh: Any
                 for r in ref
             ]
             record["out_placements"] = [_placement_names(o.placements) for o in outs]
-            op(*dargs, **kwargs, **dict(zip(out_names, outs)))
+            op(*dargs, **kwargs, **dict(zip(out_names, outs, strict=True)))
             result = outs
         elif rule.kind == "inplace":
             op(dargs[0], *dargs[1:], **kwargs)

@@ -116,7 +116,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         x.grad = None
     off, on = results["False"], results["True"]
     same = torch.equal(off["y"], on["y"]) and all(
-        torch.equal(a, b) for a, b in zip(off["grads"], on["grads"])
+        torch.equal(a, b) for a, b in zip(off["grads"], on["grads"], strict=True)
     )
     if rank == 0:
         summary = {k: v["graphs"] for k, v in results.items()}

@@ -177,6 +177,6 @@ def test_compiled_tensor_parallel_mlp_keeps_214s_guarantees(tmp_path: Path) -> N
     assert len(off) == len(on) == 2  # forward and backward, each compiled under its flag
     assert data["bit_identical"]
     assert sum(g["swaps"] for g in on) > 0  # the pass did move things
-    for g_off, g_on in zip(off, on):
+    for g_off, g_on in zip(off, on, strict=True):
         assert g_on["scheduled_order"] == g_off["scheduled_order"] == g_off["order"]
         assert g_on["inductor_peak_bytes"] <= g_off["inductor_peak_bytes"]

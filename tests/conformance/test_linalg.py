@@ -85,7 +85,7 @@ def test_polar_and_sqrth_agree_with_native(run_on_torch213: Callable[[str], Any]
     cases = _cases()
     theirs = run_on_torch213(_PROGRAM.format(payload=json.dumps(cases)))
     assert len(theirs) == len(cases)
-    for case, got in zip(cases, theirs):
+    for case, got in zip(cases, theirs, strict=True):
         A = _decode(case["A"])
         dtype = A.dtype
         wide = torch.complex128 if dtype.is_complex else torch.float64
@@ -172,9 +172,9 @@ def test_semantics_lower_triangle_clamp_and_nan(run_on_torch213: Callable[[str],
         "import json, math, torch\nfrom torchnext.linalg import compat214\n"
         f"print(json.dumps([[[None if math.isnan(v) else v for v in row] for row in compat214.matrix_sqrth(eval(e)).tolist()] for e in {exprs!r}]))"
     )
-    for n_res, t_res in zip(native, theirs):
-        for n_row, t_row in zip(n_res, t_res):
-            for n_v, t_v in zip(n_row, t_row):
+    for n_res, t_res in zip(native, theirs, strict=True):
+        for n_row, t_row in zip(n_res, t_res, strict=True):
+            for n_v, t_v in zip(n_row, t_row, strict=True):
                 if t_v is None:
                     assert n_v != n_v  # NaN on both sides
                 else:

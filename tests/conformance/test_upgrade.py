@@ -115,7 +115,7 @@ def _fixed(program: str) -> str:
 def _close(a: Any, b: Any, path: str) -> None:
     if isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b), f"{path}: shapes differ"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _close(x, y, f"{path}[{i}]")
     else:
         assert abs(a - b) <= 1e-9 * max(1.0, abs(a)), f"{path}: {a} (2.13) != {b} (2.14.1)"

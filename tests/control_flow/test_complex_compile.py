@@ -26,7 +26,7 @@ def test_common_ops_with_complex_outputs_match_eager() -> None:
     got = complex_compile(_common_ops, fullgraph=True)(a, b)
     want = _common_ops(a, b)
     assert [t.dtype for t in got] == [t.dtype for t in want]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 

@@ -272,7 +272,7 @@ def test_vmap_under_compile_with_shared_and_per_example_index(backend: str) -> N
         lambda i, xs: torch.vmap(lambda i, x: switch(i, branches, (x,)))(i, xs), backend
     )
     idx = torch.tensor([-2, 2, 4, 9])
-    want = torch.stack([branches[_clamp(int(i), 5)](x) for i, x in zip(idx, xs)])
+    want = torch.stack([branches[_clamp(int(i), 5)](x) for i, x in zip(idx, xs, strict=True)])
     torch.testing.assert_close(per_example(idx, xs), want)
 
 

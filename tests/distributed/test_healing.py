@@ -69,7 +69,7 @@ def _assert_same(a: Any, b: Any) -> None:
             _assert_same(a[k], b[k])
     elif isinstance(a, (list, tuple)):
         assert type(a) is type(b) and len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             _assert_same(x, y)
     else:
         assert a == b and type(a) is type(b)

@@ -51,7 +51,7 @@ def test_buckets_launch_during_backward_in_order_and_sum() -> None:
     # Every bucket was issued from a backward hook, last layers first.
     assert [n for n, _ in launches] == [b.flat_F.numel() for b in bucketer.buckets]
     assert all(during for _, during in launches)
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, 3 * q.grad)
 
 

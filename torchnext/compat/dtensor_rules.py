@@ -165,7 +165,7 @@ class _Rules:
             outputs = _output_specs(spec, len(wanted))
             if all(
                 w is None or (o is not None and tuple(o.placements) == w)
-                for o, w in zip(outputs, wanted)
+                for o, w in zip(outputs, wanted, strict=True)
             ):
                 kept.append(spec)
         return kept
@@ -228,7 +228,7 @@ class _Rules:
             inputs = spec.input_specs or [spec.output_specs] * len(originals)
             spec.redistribute_cost = [
                 self.utils.generate_redistribute_costs(orig, target)
-                for orig, target in zip(originals, inputs)
+                for orig, target in zip(originals, inputs, strict=True)
             ]
         return specs
 

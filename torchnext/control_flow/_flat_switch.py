@@ -186,12 +186,13 @@ def _fake(
     # The branch graphs are reused as traced, so their unbacked symbols are not new ones.
     fresh = mode.shape_env.ignore_fresh_unbacked_symbols() if mode.shape_env else None
     with mode, fresh or contextlib.nullcontext():
-        flat_outs, specs = zip(*(pytree.tree_flatten(b(*operands)) for b in branches))
+        flat_outs, specs = zip(*(pytree.tree_flatten(b(*operands)) for b in branches), strict=True)
     _same_structure(
-        [pytree.tree_unflatten(list(o), s) for o, s in zip(flat_outs, specs)], "outputs"
+        [pytree.tree_unflatten(list(o), s) for o, s in zip(flat_outs, specs, strict=True)],
+        "outputs",
     )
     merged = []
-    for leaves in zip(*flat_outs):
+    for leaves in zip(*flat_outs, strict=True):
         if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
             raise ControlFlowError(
                 f"switch: branch outputs must be tensors here, got {[type(x).__name__ for x in leaves]}."
@@ -230,7 +231,7 @@ def _vmap(
             return get_unwrapped(t), maybe_get_bdim(t)
         return t, None
 
-    inner, in_dims = zip(*(unwrap(t) for t in operands)) if operands else ((), ())
+    inner, in_dims = zip(*(unwrap(t) for t in operands), strict=True) if operands else ((), ())
     inner_index, index_dim = unwrap(index)
     level = interpreter.level()
     if index_dim is None:
@@ -249,7 +250,9 @@ def _vmap(
         results = [b(*args) for b in branches]
         picked = list(results[-1])
         for k in range(len(branches) - 2, -1, -1):
-            picked = [torch.where(chosen == k, r, p) for r, p in zip(results[k], picked)]
+            picked = [
+                torch.where(chosen == k, r, p) for r, p in zip(results[k], picked, strict=True)
+            ]
         return tuple(picked)
 
     with interpreter.lower():

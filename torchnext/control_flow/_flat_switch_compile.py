@@ -119,7 +119,7 @@ def _merge_lifted(graphs: list[torch.fx.Graph], lifted: list[dict[Any, Any]]) ->
             else:
                 canonical[outer] = outer
     union = sorted(set(canonical.values()), key=lambda p: p.node.name)
-    for graph, mapping in zip(graphs, lifted):
+    for graph, mapping in zip(graphs, lifted, strict=True):
         mine = {canonical[outer]: inner for outer, inner in mapping.items()}
         first_body = next(n for n in graph.nodes if n.op != "placeholder")
         with graph.inserting_before(first_body):
@@ -292,14 +292,14 @@ def _kernel_class() -> Any:
                             else ir.ExternKernel.require_exact_strides(
                                 ir.TensorBox(out), fake.stride(), allow_padding=False
                             )
-                            for out, fake in zip(sub.graph.graph_outputs, fake_outputs)
+                            for out, fake in zip(sub.graph.graph_outputs, fake_outputs, strict=True)
                         ]
             first = subgraphs[0].graph.graph_outputs
             for sub in subgraphs[1:]:
                 outs = sub.graph.graph_outputs
                 if len(outs) != len(first) or any(
                     a.get_dtype() != b.get_dtype() or a.get_device() != b.get_device()
-                    for a, b in zip(first, outs)
+                    for a, b in zip(first, outs, strict=True)
                 ):
                     raise ControlFlowError(
                         f"torchnext switch: {sub.name} outputs {outs} do not match the first "
@@ -328,7 +328,7 @@ def _kernel_class() -> Any:
                     kernel,
                     [(list, i)],
                 )
-                for i, (out, fake) in enumerate(zip(first, fake_outputs))
+                for i, (out, fake) in enumerate(zip(first, fake_outputs, strict=True))
             ]
             return kernel.outputs
 

@@ -142,13 +142,16 @@ def _pack(out: Any) -> tuple[Any, tuple[bool, ...]]:
     flags = tuple(isinstance(t, torch.Tensor) and t.is_complex() for t in leaves)
     # A fresh real tensor, not a view of the complex result: torch's decomposition
     # cannot re-create a view of a complex intermediate as a graph output.
-    packed = [torch.view_as_real(t).clone() if f else t for t, f in zip(leaves, flags)]
+    packed = [torch.view_as_real(t).clone() if f else t for t, f in zip(leaves, flags, strict=True)]
     return pytree.tree_unflatten(packed, spec), flags
 
 
 def _unpack(packed: Any, flags: tuple[bool, ...]) -> Any:
     leaves, spec = pytree.tree_flatten(packed)
-    out = [torch.view_as_complex(t.contiguous()) if f else t for t, f in zip(leaves, flags)]
+    out = [
+        torch.view_as_complex(t.contiguous()) if f else t
+        for t, f in zip(leaves, flags, strict=True)
+    ]
     return pytree.tree_unflatten(out, spec)
 
 

@@ -126,7 +126,7 @@ class CapturedWhileLoop:
                 f"captured loop called with carries structured as {spec}, but it was "
                 f"captured with {self._spec}; pass the same structure."
             )
-        for i, (new, static) in enumerate(zip(leaves, self._static)):
+        for i, (new, static) in enumerate(zip(leaves, self._static, strict=True)):
             if (
                 not isinstance(new, torch.Tensor)
                 or new.shape != static.shape
@@ -159,7 +159,7 @@ def _copy_body_outputs(body_out: Any, static: list[torch.Tensor], spec: pytree.T
             f"body_fn should return the same pytree structure as carried_inputs: got "
             f"{out_spec}, expected {spec}."
         )
-    for i, (out, dst) in enumerate(zip(flat, static)):
+    for i, (out, dst) in enumerate(zip(flat, static, strict=True)):
         if not isinstance(out, torch.Tensor):
             raise CudaGraphCaptureError(
                 f"CUDA graph while_loop conditional nodes only support tensor body_fn "

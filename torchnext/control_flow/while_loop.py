@@ -66,7 +66,7 @@ def _diagnose(
             f"{out_spec}, but carried_inputs is {pytree.tree_structure(carried)}; return "
             "one value per carry, in the same structure.",
         )
-    for (path, before), (_, after) in zip(in_paths, out_paths):
+    for (path, before), (_, after) in zip(in_paths, out_paths, strict=True):
         name = f"carried_inputs{pytree.keystr(path)}"
         if isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor):
             if before.shape != after.shape or before.dtype != after.dtype:

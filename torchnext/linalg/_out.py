@@ -68,7 +68,7 @@ def write_out(
     """Copy ``results`` into ``out`` (resizing where needed) and return ``out``."""
     if len(out) != len(results):
         raise TypeError(f"{fn}: out= takes {len(results)} tensors, got {len(out)}")
-    for dst, src in zip(out, results):
+    for dst, src in zip(out, results, strict=True):
         if not isinstance(dst, torch.Tensor):
             raise TypeError(f"{fn}: out= must hold tensors, got {type(dst).__name__}")
         if dst.dtype != src.dtype:
@@ -80,7 +80,7 @@ def write_out(
             raise RuntimeError(
                 f"{fn}: Expected out tensor to be on device {src.device}, but got {dst.device}"
             )
-    for dst, src in zip(out, results):
+    for dst, src in zip(out, results, strict=True):
         if dst.shape != src.shape:
             dst.resize_(src.shape)
         dst.copy_(src)

@@ -216,11 +216,11 @@ def _svd_unrolled(
             tg = t * gamma
             norm2[p] = alpha - tg
             norm2[q] = beta + tg
-            col[p] = [torch.addcmul(c * x, s, y, value=-1.0) for x, y in zip(cp, cq)]
-            col[q] = [torch.addcmul(s * x, c, y) for x, y in zip(cp, cq)]
+            col[p] = [torch.addcmul(c * x, s, y, value=-1.0) for x, y in zip(cp, cq, strict=True)]
+            col[q] = [torch.addcmul(s * x, c, y) for x, y in zip(cp, cq, strict=True)]
             vp, vq = v[p], v[q]
-            v[p] = [torch.addcmul(c * x, s, y, value=-1.0) for x, y in zip(vp, vq)]
-            v[q] = [torch.addcmul(s * x, c, y) for x, y in zip(vp, vq)]
+            v[p] = [torch.addcmul(c * x, s, y, value=-1.0) for x, y in zip(vp, vq, strict=True)]
+            v[q] = [torch.addcmul(s * x, c, y) for x, y in zip(vp, vq, strict=True)]
         converged = not bool((worst_B > tol2).any().item())
         if converged:
             break
@@ -272,7 +272,7 @@ def svd_unrolled(
 
 def _dot(x: list[Vec], y: list[Vec]) -> Vec:
     acc = x[0] * y[0]
-    for xi, yi in zip(x[1:], y[1:]):
+    for xi, yi in zip(x[1:], y[1:], strict=True):
         acc = torch.addcmul(acc, xi, yi)
     return acc
 

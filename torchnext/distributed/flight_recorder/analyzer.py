@@ -512,7 +512,7 @@ def _no_dump(
         reasons = revoke_reasons.lower()
         crashed = all(
             e["state"] in ("failed", "revoked") and any(w in (t or reasons) for w in _CRASH_WORDS)
-            for e, t in zip(first, texts)
+            for e, t in zip(first, texts, strict=True)
         )
         died = [f"rank {r} {deaths[r].how}" for r in absent if r in deaths]
         kind = "crash" if crashed or died else "hang"
@@ -561,7 +561,8 @@ def _p2p(report: GroupReport, p2p: dict[int, list[dict[str, Any]]]) -> None:
         sends, recvs = sides["send"], sides["recv"]
         if src not in report.dumped or dst not in report.dumped:
             continue
-        for i, (s, rv) in enumerate(zip(sends, recvs)):
+        # Pairs up to the shorter side; a count mismatch is its own finding below.
+        for i, (s, rv) in enumerate(zip(sends, recvs, strict=False)):
             if s["input_sizes"] != rv["output_sizes"] or s["input_dtypes"] != rv["output_dtypes"]:
                 report.findings.append(
                     Finding(

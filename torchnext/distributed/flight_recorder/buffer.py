@@ -170,7 +170,9 @@ class FlightRecorder:
         while not self._closed.wait(period):
             now = time.time_ns()
             # Lock-free scan of list copies: the watchdog must never stall recording.
-            for state, t0, info in zip(list(self._states), list(self._t_start), list(self._infos)):
+            for state, t0, info in zip(
+                list(self._states), list(self._t_start), list(self._infos), strict=True
+            ):
                 if state == _STARTED and info is not None and now - t0 > after_ns:
                     self.auto_dump(
                         "stuck",

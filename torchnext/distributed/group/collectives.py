@@ -328,7 +328,7 @@ class Collectives:
         opts = self._coll.opts(dist.AllToAllOptions, timeout)
 
         def finish() -> None:
-            for t, part in zip(outs, recv.split(out_splits)):
+            for t, part in zip(outs, recv.split(out_splits), strict=True):
                 t.copy_(part.view_as(t))
 
         return self._coll.issue(

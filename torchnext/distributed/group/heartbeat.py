@@ -212,7 +212,7 @@ class Monitor:
         if peers:
             values = self._store.multi_get([self._keys.heartbeat(m) for m in peers])
             now = time.monotonic()
-            for m, v in zip(peers, values):
+            for m, v in zip(peers, values, strict=True):
                 if self._counts.get(m) != v:
                     self._counts[m] = v
                     self._changed_at[m] = now

@@ -275,7 +275,7 @@ class StateServer:
                 "shape": list(t.shape),
                 "nbytes": int(r.numel()),
             }
-            for t, r in zip(tensors, raw)
+            for t, r in zip(tensors, raw, strict=True)
         ]
         model_spec = describe_tensors(state.get("model", {})) if isinstance(state, dict) else []
         header = json.dumps({"ok": True, "tree": tree, "tensors": metas}).encode()
