@@ -81,23 +81,22 @@ def _worker(ctx: Any, budget_s: dict[str, float], max_pairs: int) -> dict[str, A
     return out
 
 
-def _paired(pairs: list[tuple[float, float]], seed: int = 0) -> dict[str, float]:
+def _paired(pairs: list[tuple[float, float]]) -> dict[str, float]:
     """Median gloo time, median paired difference and its 95 % bootstrap interval."""
-    import numpy as np
+    import statistics
 
-    a = np.asarray(pairs)
-    diff = a[:, 1] - a[:, 0]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, diff.size, size=(1000, diff.size))
-    boot = np.median(diff[idx], axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
+    from torchnext.benchmarking import paired_difference
+
+    gloo = [p[0] for p in pairs]
+    ft = [p[1] for p in pairs]
+    d = paired_difference(gloo, ft)
     return {
-        "gloo_s": float(np.median(a[:, 0])),
-        "ft_s": float(np.median(a[:, 1])),
-        "over_s": float(np.median(diff)),
-        "lo_s": float(lo),
-        "hi_s": float(hi),
-        "pairs": int(diff.size),
+        "gloo_s": statistics.median(gloo),
+        "ft_s": statistics.median(ft),
+        "over_s": d.median,
+        "lo_s": d.lo,
+        "hi_s": d.hi,
+        "pairs": d.pairs,
     }
 
 

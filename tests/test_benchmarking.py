@@ -119,3 +119,29 @@ def _env() -> dict[str, str]:
     import os
 
     return dict(os.environ)
+
+
+def test_paired_difference_cancels_drift_and_brackets_the_shift() -> None:
+    from torchnext.benchmarking import paired_difference
+
+    # A slow drift shared by both sides plus a constant shift of 0.05.
+    base = [1.0 + 0.01 * i + (0.002 if i % 3 else -0.002) for i in range(400)]
+    other = [b + 0.05 + (0.001 if i % 2 else -0.001) for i, b in enumerate(base)]
+    d = paired_difference(base, other)
+    assert d.pairs == 400
+    assert d.lo <= d.median <= d.hi
+    assert d.lo <= 0.05 <= d.hi
+    assert d.hi - d.lo < 0.005  # the drift (4.0 over the run) is gone
+    rel = d.relative_to(2.0)
+    assert rel.median == pytest.approx(d.median / 2.0)
+
+
+def test_paired_difference_rejects_unpaired_samples() -> None:
+    from torchnext.benchmarking import paired_difference
+
+    with pytest.raises(ValueError, match="same non-zero number"):
+        paired_difference([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="same non-zero number"):
+        paired_difference([], [])
+    with pytest.raises(ValueError, match="resamples=0"):
+        paired_difference([1.0], [2.0], resamples=0)
