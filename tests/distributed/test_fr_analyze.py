@@ -113,7 +113,10 @@ def test_stopped_or_killed_rank_named(
     fault = Fault(rank=CULPRIT, at=f"step:{BAD_STEP}", kind=fault_kind)  # type: ignore[arg-type]
     dump_dir = _run(tmp_path, "fault", [fault])
     timeline = tmp_path / "timeline.html"
-    code, report = _cli(str(dump_dir), "--timeline", str(timeline), capsys=capsys)
+    trace = tmp_path / "trace.json"
+    code, report = _cli(
+        str(dump_dir), "--timeline", str(timeline), "--trace", str(trace), capsys=capsys
+    )
     assert code == 1
     assert (kind, (CULPRIT,)) in _culprit_kinds(report), report["findings"]
     named = next(f for f in report["findings"] if f["kind"] == kind)
@@ -127,14 +130,54 @@ def test_stopped_or_killed_rank_named(
         ElementTree.fromstring(svg)  # every picture is well-formed SVG
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "stroke-dasharray" in page  # the divergence line
+    events = _check_trace_format(trace)
+    ops = [e for e in events if e["ph"] == "X"]
+    # The stopped or killed culprit left no dump: only the others' ops are drawn.
+    assert sorted({e["pid"] for e in ops}) == sorted(set(range(WORLD)) - {CULPRIT})
+    # A survivor's op on the collective the culprit never joined timed out or failed,
+    # and its span ends where it did (or at the dump, when it never ended).
+    stuck_ops = [e for e in ops if e["args"].get("collective_seq_id") == BAD_STEP + 1]
+    failed = [e for e in stuck_ops if e["args"]["state"] != "completed"]
+    assert failed and all("error" in e["args"] or e["args"].get("unfinished") for e in failed)
+    assert any(e["ph"] == "i" and e["name"].startswith(kind) for e in events)
+
+
+def _check_trace_format(path: Path) -> list[dict]:
+    """The Chrome trace-event format as Perfetto and chrome://tracing read it."""
+    doc = json.loads(path.read_text())
+    assert doc["displayTimeUnit"] == "ms" and isinstance(doc["traceEvents"], list)
+    events = doc["traceEvents"]
+    named_processes = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    named_threads = {
+        (e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    for e in events:
+        assert e["ph"] in {"M", "X", "i"}, e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+        if e["ph"] == "X":
+            assert isinstance(e["ts"], float) and e["ts"] >= 0, e
+            assert isinstance(e["dur"], float) and e["dur"] >= 0, e
+            assert e["pid"] in named_processes and (e["pid"], e["tid"]) in named_threads, e
+            for key in ("op", "state", "input_sizes", "output_sizes", "input_dtypes"):
+                assert key in e["args"], (key, e)
+    return events
 
 
 def test_clean_run_exit_zero_and_corrupt_file_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dump_dir = _run(tmp_path, "clean", [])
-    code, report = _cli(str(dump_dir), capsys=capsys)
+    trace = tmp_path / "trace.json"
+    code, report = _cli(str(dump_dir), "--trace", str(trace), capsys=capsys)
     assert code == 0 and report["ok"], report
+    ops = [e for e in _check_trace_format(trace) if e["ph"] == "X"]
+    for rank in range(WORLD):  # every rank's broadcasts, in order, all completed
+        mine = sorted((e for e in ops if e["pid"] == rank), key=lambda e: e["ts"])
+        assert [e["args"]["collective_seq_id"] for e in mine] == list(range(1, STEPS + 1))
+        assert all(
+            e["args"]["state"] == "completed" and "unfinished" not in e["args"] for e in mine
+        )
+        assert [e["args"]["input_sizes"] for e in mine] == [[[16 + i]] for i in range(STEPS)]
     # Truncate one rank's dump: it is named, the others are still analysed.
     victim = sorted(dump_dir.glob("*rank00001*.json"))[-1]
     victim.write_text(victim.read_text()[:100])

@@ -12,7 +12,7 @@ are), :mod:`.buffer` (the ring of op entries), :mod:`.format` (the dump file),
 :mod:`.patch` (wrappers around plain ``torch.distributed`` calls),
 :mod:`.dump_signal` (dumping from a signal), :mod:`.exits` (a worker's last record),
 and the offline side: :mod:`.analyzer`, :mod:`.crossgroup`, :mod:`.report`,
-:mod:`.export`, :mod:`.timeline` and the ``torchnext fr`` command (:mod:`.cli`).
+:mod:`.export`, :mod:`.timeline` (HTML), :mod:`.chrome_trace` (Perfetto) and the ``torchnext fr`` command (:mod:`.cli`).
 
 What not to assume: names are loaded on first use, so reading the analyzer never
 loads the recording side and the other way round.
@@ -26,6 +26,7 @@ from torchnext._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from torchnext.distributed.flight_recorder.analyzer import analyze, load_dumps
+    from torchnext.distributed.flight_recorder.chrome_trace import write_chrome_trace
     from torchnext.distributed.flight_recorder.recorder import (
         FlightRecorder,
         FlightRecorderConfig,
@@ -50,6 +51,7 @@ __all__ = [
     "install_signal_handler",
     "is_enabled",
     "load_dumps",
+    "write_chrome_trace",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -66,5 +68,6 @@ __getattr__, __dir__ = lazy_exports(
         "is_enabled": "recorder",
         "analyze": "analyzer",
         "load_dumps": "analyzer",
+        "write_chrome_trace": "chrome_trace",
     },
 )

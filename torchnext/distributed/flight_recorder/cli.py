@@ -1,9 +1,10 @@
 """``torchnext fr``: analyse flight-recorder dumps, or hand them to PyTorch's analyzer.
 
-* ``torchnext fr analyze DIR [--json] [--timeline FILE]``: merge the per-rank dumps in
-  ``DIR`` and report, per group, missing ranks, mismatched collectives (culprit and both
-  values), the first divergence and ranks stuck in an op; ``--timeline`` writes a
-  self-contained HTML page with a per-rank timeline. Exit 0: no problem; 1: problems
+* ``torchnext fr analyze DIR [--json] [--timeline FILE] [--trace FILE]``: merge the
+  per-rank dumps in ``DIR`` and report, per group, missing ranks, mismatched collectives
+  (culprit and both values), the first divergence and ranks stuck in an op;
+  ``--timeline`` writes a self-contained HTML page with a per-rank timeline, ``--trace``
+  the same ops as Chrome trace-event JSON for Perfetto or chrome://tracing. Exit 0: no problem; 1: problems
   (or unreadable dumps); 2: usage error (no such folder, no dump at all).
 * ``torchnext fr export DIR OUT``: write the dumps in the pickle layout PyTorch's
   ``torchfrtrace`` loads (``OUT/torchnext_fr_rank<R>``, see
@@ -24,6 +25,7 @@ deadlocks, crashed ranks), or export them for PyTorch's own analyzer, torchfrtra
 _EPILOG = """examples:
   torchnext fr analyze DUMPS --json         report per group, exit 1 on a problem
   torchnext fr analyze DUMPS --timeline t.html
+  torchnext fr analyze DUMPS --trace t.json open t.json in ui.perfetto.dev
   torchnext fr export DUMPS OUT             write OUT/torchnext_fr_rank<R> and print the
                                             torchfrtrace command that reads them"""
 
@@ -37,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     an.add_argument("directory", help="folder holding one dump per rank (searched recursively)")
     an.add_argument("--json", action="store_true", help="print the report as JSON")
     an.add_argument("--timeline", metavar="FILE", help="also write a per-rank timeline (HTML)")
+    an.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="also write the ops as Chrome trace-event JSON (Perfetto, chrome://tracing)",
+    )
     ex = sub.add_parser(
         "export",
         help="write dumps in the layout PyTorch's torchfrtrace reads; prints its command",
@@ -79,6 +86,14 @@ def _analyze(args: argparse.Namespace) -> int:
 
         path = write_html(analysis, args.timeline)
         print(f"timeline written to {path}", file=sys.stderr)
+    if args.trace:
+        from torchnext.distributed.flight_recorder.chrome_trace import write_chrome_trace
+
+        path = write_chrome_trace(analysis, args.trace)
+        print(
+            f"trace written to {path} (open it in ui.perfetto.dev or chrome://tracing)",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(analysis.to_json(), indent=2))
     else:
