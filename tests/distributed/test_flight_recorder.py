@@ -128,16 +128,18 @@ def test_dump_does_not_block_on_a_held_lock(tmp_path: Path) -> None:
     rec = _rec(tmp_path, lock_timeout=timedelta(milliseconds=20))
     for i in range(1, 2001):
         rec.on_finish(rec.on_start(_info(i)), "completed")
-    release = threading.Event()
+    held, release = threading.Event(), threading.Event()
 
     def hold() -> None:  # a thread stuck while holding the recorder's lock
         with rec._lock:
+            held.set()
             release.wait(10)
 
     t = threading.Thread(target=hold)
     t.start()
     try:
-        time.sleep(0.05)
+        if not held.wait(10):
+            pytest.fail("the holding thread never took the recorder's lock")
         start = time.perf_counter()
         doc = json.loads(rec.dump().read_text())
         elapsed = time.perf_counter() - start
@@ -190,14 +192,19 @@ def test_plain_torch_distributed_capture(tmp_path: Path) -> None:
 
 def test_signal_and_env_enable_in_a_fresh_process(tmp_path: Path) -> None:
     program = """
-import os, signal, time, torch, torch.distributed as dist
+import os, pathlib, signal, time, torch, torch.distributed as dist
 from torchnext.distributed import flight_recorder as fr
 assert fr.is_enabled(), "TORCHNEXT_FR_ENABLE=1 should enable the recorder on import"
 fr.install_signal_handler(signal.SIGUSR2)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 dist.all_reduce(torch.ones(2))
 os.kill(os.getpid(), signal.SIGUSR2)
-time.sleep(0.2)
+# The dump is written on the recorder's signal thread: wait for the file, bounded.
+deadline = time.monotonic() + 20
+while not list(pathlib.Path(os.environ["TORCHNEXT_FR_DUMP_DIR"]).glob("*signal*.json")):
+    if time.monotonic() > deadline:
+        raise SystemExit("no dump 20 s after the signal")
+    time.sleep(0.01)
 dist.destroy_process_group()
 """
     env = dict(os.environ, TORCHNEXT_FR_ENABLE="1", TORCHNEXT_FR_DUMP_DIR=str(tmp_path))

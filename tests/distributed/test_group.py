@@ -119,11 +119,14 @@ def _stale_member(ctx: WorkerContext) -> dict:
             g.all_reduce(x)
         except StaleEpochError:
             return {"stale": True, "message": str(exc)}
+        finally:
+            ctx.store.set("stale/checked", "1")
         return {"stale": "op was allowed"}
-    # Survivors keep working while the stale member is out.
+    # Survivors keep working while the stale member is out, and stay until it has
+    # tried its old epoch (an event, not a sleep: its resume time is the fault's).
     for _ in range(5):
         g.all_reduce(x)
-    time.sleep(1.0)
+    ctx.store.wait(["stale/checked"], T30)
     return {"stale": False, "members": list(g.members)}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from datetime import timedelta
@@ -90,30 +91,29 @@ def test_one_sided_semantics(transport: str) -> None:
     assert outs[0]["counter"] == 20.0 * size
 
 
-def _busy_target(ctx: WorkerContext, transport: str) -> float:
-    """Rank 1 sleeps (its main thread takes no part); rank 0 reads and writes its window."""
+def _busy_target(ctx: WorkerContext, transport: str) -> list[float]:
+    """Rank 1's main thread is blocked until rank 0 has written and read its window."""
     win = Window.allocate(_group(ctx), (1 << 16,), torch.float32, WindowConfig(transport=transport))  # type: ignore[arg-type]
-    elapsed = 0.0
     if ctx.rank == 1:
-        time.sleep(3.0)
+        # Blocked in the store, outside any window call, until rank 0 says it is done:
+        # whatever rank 0 did meanwhile was served without this thread.
+        ctx.store.wait(["busy/done"], timedelta(seconds=30))
         value = win.tensor[:4].tolist()
-        assert value == [5.0] * 4, value
     else:
-        start = time.perf_counter()
         win.put(torch.full((1 << 16,), 5.0), 1)
-        got = win.get(1, 0, 4)
-        elapsed = time.perf_counter() - start
-        assert got.tolist() == [5.0] * 4
+        value = win.get(1, 0, 4).tolist()
+        ctx.store.set("busy/done", "1")
     win.fence()
     win.close()
-    return elapsed
+    return value
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_target_main_thread_need_not_participate(transport: str) -> None:
     result = run_workers(_busy_target, transport, world_size=2, timeout=timedelta(seconds=60))
     result.raise_if_failed([0, 1])
-    assert result[0].value < 1.5  # done while the target was still asleep
+    assert result[0].value == [5.0] * 4  # read back while rank 1 was blocked
+    assert result[1].value == [5.0] * 4  # and it landed in rank 1's memory
 
 
 def _segments_of(pids: list[int]) -> list[str]:
@@ -126,8 +126,8 @@ def _segments_of(pids: list[int]) -> list[str]:
 
 def _create_then_die(ctx: WorkerContext) -> None:
     Window.allocate(_group(ctx), (1024,), torch.float32)
-    ctx.checkpoint("created")
-    time.sleep(30)
+    ctx.checkpoint("created")  # killed here
+    raise AssertionError("the kill at 'created' did not happen")
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
@@ -145,19 +145,24 @@ def _lock_modes(ctx: WorkerContext, transport: str) -> list[str]:
     cfg = WindowConfig(transport=transport, timeout=timedelta(seconds=20))  # type: ignore[arg-type]
     win = Window.allocate(_group(ctx), (8,), torch.float32, cfg)
     seen: list[str] = []
+    wait_s = timedelta(seconds=20)
     if ctx.rank in (0, 1):
         win.lock(2, exclusive=False)
         win.fence()  # both hold the shared lock at once past this point
         seen.append("shared-together")
-        time.sleep(0.3)
+        # Hold it until rank 2's exclusive request has been refused, then say so
+        # before letting go: rank 2 can only be granted after both keys exist.
+        ctx.store.wait(["locks/refused"], wait_s)
+        ctx.store.set(f"locks/releasing-{ctx.rank}", "1")
         win.unlock(2)
     else:
         win.fence()
-        start = time.perf_counter()
-        with pytest.raises(CommTimeoutError):
+        with pytest.raises(CommTimeoutError):  # both shared holders still hold it
             win.lock(2, exclusive=True, timeout=timedelta(milliseconds=50))
+        ctx.store.set("locks/refused", "1")
         win.lock(2, exclusive=True)
-        seen.append(f"exclusive-after-{time.perf_counter() - start:.2f}")
+        released = [ctx.store.check([f"locks/releasing-{r}"]) for r in (0, 1)]
+        seen.append(f"exclusive-after-release={released}")
         win.unlock(2)
     win.fence()
     win.close()
@@ -169,8 +174,8 @@ def test_shared_and_exclusive_locks(transport: str) -> None:
     result = run_workers(_lock_modes, transport, world_size=3, timeout=timedelta(seconds=60))
     result.raise_if_failed([0, 1, 2])
     assert result[0].value == result[1].value == ["shared-together"]
-    (exclusive,) = result[2].value
-    assert float(exclusive.rsplit("-", 1)[1]) >= 0.2  # it waited for the shared holders
+    # Refused while shared, granted only once both holders were letting go.
+    assert result[2].value == ["exclusive-after-release=[True, True]"]
 
 
 def _mixed_dtypes(ctx: WorkerContext) -> str:
@@ -198,17 +203,32 @@ def _peer_dies(ctx: WorkerContext) -> str:
         torch.float32,
         WindowConfig(transport="tcp", timeout=timedelta(seconds=5)),
     )
-    ctx.checkpoint("created")
-    if ctx.rank == 0:
-        time.sleep(0.5)  # rank 1 is killed meanwhile
-        start = time.perf_counter()
-        try:
-            win.put(torch.ones(2), 1)
-        except (CommTimeoutError, RuntimeError) as exc:
-            return f"{type(exc).__name__} after {time.perf_counter() - start:.1f}s"
-        return "no error"
-    time.sleep(30)
-    return "unreachable"
+    if ctx.rank == 1:
+        ctx.store.set("peer/pid", str(os.getpid()))
+    ctx.checkpoint("created")  # rank 1 is killed here
+    if ctx.rank == 1:
+        raise AssertionError("the kill at 'created' did not happen")
+    _wait_until_exited(int(ctx.store.get("peer/pid")), timedelta(seconds=30))
+    start = time.perf_counter()
+    try:
+        win.put(torch.ones(2), 1)
+    except (CommTimeoutError, RuntimeError) as exc:
+        return f"{type(exc).__name__} after {time.perf_counter() - start:.1f}s"
+    return "no error"
+
+
+def _wait_until_exited(pid: int, timeout: timedelta) -> None:
+    """Block until process ``pid`` has exited (a pidfd is readable then, reaped or not)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # already exited and reaped
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout.total_seconds())
+    finally:
+        os.close(fd)
+    if not ready:
+        raise TimeoutError(f"process {pid} was still running after {timeout}")
 
 
 def test_remote_peer_death_fails_fast() -> None:
