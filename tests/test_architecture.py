@@ -207,7 +207,7 @@ STDLIB_PRIVATE = {"_getframe", "_exit", "_replace", "_asdict", "_fields"}
 
 # Packages the check covers so far (the rest follow as their torch internals move
 # behind their compatibility modules).
-CHECKED = ("torchnext.distributed", "torchnext.testing")
+CHECKED = ("torchnext",)
 
 
 def test_private_attributes_are_touched_only_in_their_own_module() -> None:

@@ -1,7 +1,7 @@
 """Shared state of the upgrade transformer: import aliases, scopes, ``# noqa``, reporting.
 
 The transformer is built in layers, each a module: this core (names and findings),
-:mod:`._guards` (version-guarded branches), :mod:`._structural` (rules that need
+:mod:`.guards` (version-guarded branches), :mod:`._structural` (rules that need
 statement or class context) and :mod:`.transform` (call sites and fixes). Names are
 resolved through the file's own imports in source order; a local variable that shadows
 an imported name is not tracked.
@@ -90,7 +90,13 @@ class _Scope:
 
 
 class TransformerCore(cst.CSTTransformer):
-    """Imports, scopes and reporting; the layers above add the rules."""
+    """Imports, scopes and reporting; the layers above add the rules.
+
+    The public attributes (``guards``, ``tries``, ``scopes``, ``wrapped``, ``kept`` ...) and
+    methods (``report``, ``is_tensor``, ``has_torch_binding``) are the state and the
+    services the rule layers in :mod:`._guards`, :mod:`._structural` and :mod:`.transform`
+    share; underscore names stay inside this module.
+    """
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
@@ -119,29 +125,29 @@ class TransformerCore(cst.CSTTransformer):
         self.extra_imports: set[str] = set()
         self.source_text = source_text
         self.green_contexts = "GreenContext" in source_text or "green_context" in source_text
-        self._guards: list[Guard] = []
-        self._tries: list[TryFrame] = []
-        self._scopes: list[_Scope] = [_Scope()]
-        self._classes: list[tuple[bool, int]] = []  # (is ProcessGroup subclass, function depth)
+        self.guards: list[Guard] = []
+        self.tries: list[TryFrame] = []
+        self.scopes: list[_Scope] = [_Scope()]
+        self.classes: list[tuple[bool, int]] = []  # (is ProcessGroup subclass, function depth)
         self._func_depth = 0
-        self._wrapped: dict[int, tuple[str, str | int]] = {}
-        self._exempt: set[int] = set()
-        self._if_guards: set[int] = set()
-        self._bare_exprs: set[int] = set()  # if/while tests and assigned values: no parens needed
-        self._trailing: dict[int, Guard] = {}
+        self.wrapped: dict[int, tuple[str, str | int]] = {}
+        self.exempt: set[int] = set()
+        self.if_guards: set[int] = set()
+        self.bare_exprs: set[int] = set()  # if/while tests and assigned values: no parens needed
+        self.trailing: dict[int, Guard] = {}
         # `U, S, V = <call>`: call id -> "V"; and calls whose V must become `V = V.mH`.
-        self._unpacked_v: dict[int, str] = {}
-        self._svd_fixed: dict[int, str] = {}
+        self.unpacked_v: dict[int, str] = {}
+        self.svd_fixed: dict[int, str] = {}
         # `e, _ = <call>`: call id -> index of the one result kept; and the calls fixed so.
-        self._kept: dict[int, int] = {}
-        self._kept_fixed: dict[int, int] = {}
+        self.kept: dict[int, int] = {}
+        self.kept_fixed: dict[int, int] = {}
         self._line_assigns: set[int] = set()  # values of assignments alone on their line
         # from-import aliases of deprecated names used as values -> line of the first use
         self._value_uses: dict[int, int] = {}
-        self._method_fixers = {
+        self.method_fixers = {
             name: [f for f in fixers if f.code in active] for name, fixers in METHOD_FIXERS.items()
         }
-        self._call_fixers = {
+        self.call_fixers = {
             q: [f for f in fixers if f.code in active] for q, fixers in CALL_FIXERS.items()
         }
 
@@ -201,12 +207,12 @@ class TransformerCore(cst.CSTTransformer):
             code = deprecated_name_code(f"{module}.{name}")
             if line is not None and code is not None:
                 detail = f"`{bound}` is used without a call at line {line}; replace that use too"
-                self._report(alias, Diagnosis(code, detail=detail))
+                self.report(alias, Diagnosis(code, detail=detail))
             if module == "torch._dynamo.backends.tvm" and name in (
                 "tvm_meta_schedule",
                 "tvm_auto_scheduler",
             ):
-                self._report(alias, Diagnosis("TNU007", detail=f"`{name}` no longer exists"))
+                self.report(alias, Diagnosis("TNU007", detail=f"`{name}` no longer exists"))
 
     # ------------------------------------------------------------------ reporting
 
@@ -217,7 +223,7 @@ class TransformerCore(cst.CSTTransformer):
                 return True
         return False
 
-    def _report(self, node: cst.CSTNode, diag: Diagnosis, *, fixable: bool = True) -> bool:
+    def report(self, node: cst.CSTNode, diag: Diagnosis, *, fixable: bool = True) -> bool:
         """Record a finding; True if its fix should be applied."""
         if diag.code not in self.active:
             return False
@@ -226,10 +232,10 @@ class TransformerCore(cst.CSTTransformer):
         if self._silenced(diag.code, line, end_line):
             return False
         detail = diag.detail
-        guarded = bool(self._guards) and diag.code not in ("TNU301", "TNU009", "TNU902")
+        guarded = bool(self.guards) and diag.code not in ("TNU301", "TNU009", "TNU902")
         if guarded:
-            self._guards[-1].count += 1
-            g = self._guards[-1]
+            self.guards[-1].count += 1
+            g = self.guards[-1]
             detail = (detail + "; " if detail else "") + (
                 f"inside a version-guarded branch (line {g.line}); not rewritten"
             )
@@ -255,14 +261,14 @@ class TransformerCore(cst.CSTTransformer):
             self.extra_imports.update(diag.imports)
         return apply
 
-    def _has_torch_binding(self) -> bool:
+    def has_torch_binding(self) -> bool:
         return any(t == "torch" for t in self.aliases.values())
 
     # ------------------------------------------------------------------ scopes
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._func_depth += 1
-        self._scopes.append(self._param_scope(node.params))
+        self.scopes.append(self._param_scope(node.params))
 
     def _param_scope(self, params: cst.Parameters) -> _Scope:
         # Every parameter shadows outer names; only a Tensor-annotated one is a tensor.
@@ -278,14 +284,14 @@ class TransformerCore(cst.CSTTransformer):
                 scope.others.add(star.name.value)
         return scope
 
-    def _push_class_scope(self) -> None:
-        self._scopes.append(_Scope(is_class=True))
+    def push_class_scope(self) -> None:
+        self.scopes.append(_Scope(is_class=True))
 
     def visit_Lambda(self, node: cst.Lambda) -> None:
-        self._scopes.append(self._param_scope(node.params))
+        self.scopes.append(self._param_scope(node.params))
 
     def leave_Lambda(self, original_node: cst.Lambda, updated_node: cst.Lambda) -> cst.Lambda:
-        self._scopes.pop()
+        self.scopes.pop()
         return updated_node
 
     def _is_tensor_annotation(self, ann: cst.BaseExpression) -> bool:
@@ -296,7 +302,7 @@ class TransformerCore(cst.CSTTransformer):
 
     def _bind(self, target: cst.BaseExpression, tensor: bool) -> None:
         """Record that ``target`` now holds a tensor (or not) in the current scope."""
-        scope = self._scopes[-1]
+        scope = self.scopes[-1]
         if isinstance(target, cst.Name):
             (scope.tensors if tensor else scope.others).add(target.value)
             (scope.others if tensor else scope.tensors).discard(target.value)
@@ -312,14 +318,14 @@ class TransformerCore(cst.CSTTransformer):
     def _push_comprehension(self, node: cst.BaseComp | cst.BaseDict) -> None:
         # The element is visited before its `for`: bind the loop targets first, in a scope
         # of their own so that they do not hide the outer names after the comprehension.
-        self._scopes.append(_Scope())
+        self.scopes.append(_Scope())
         comp_for: cst.CompFor | None = getattr(node, "for_in", None)
         while comp_for is not None:
             self._bind(comp_for.target, False)
             comp_for = comp_for.inner_for_in
 
     def _pop_comprehension(self) -> None:
-        self._scopes.pop()
+        self.scopes.pop()
 
     def visit_ListComp(self, node: cst.ListComp) -> None:
         self._push_comprehension(node)
@@ -362,7 +368,7 @@ class TransformerCore(cst.CSTTransformer):
             self._bind(node.name, False)
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._bind(node.target, self._is_tensor(node.value))
+        self._bind(node.target, self.is_tensor(node.value))
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if len(node.body) == 1 and isinstance(node.body[0], cst.Assign):
@@ -370,9 +376,9 @@ class TransformerCore(cst.CSTTransformer):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
-        self._bare_exprs.add(id(value))
+        self.bare_exprs.add(id(value))
         # The value is judged before the targets are rebound (`x = x.double()`).
-        tensor = self._is_tensor(value)
+        tensor = self.is_tensor(value)
         tuple_of_tensors = tensor_tuple_call(value, self.qualify)
         for t in node.targets:
             single = isinstance(t.target, cst.Name)
@@ -384,7 +390,7 @@ class TransformerCore(cst.CSTTransformer):
         op = (q or dotted_name(value.func) or "").rsplit(".", 1)[-1]
         kept = kept_result(node, op)
         if kept is not None:
-            self._kept[id(value)] = kept
+            self.kept[id(value)] = kept
         unpack = node.targets[0].target if len(node.targets) == 1 else None
         if (
             id(value) in self._line_assigns
@@ -397,13 +403,13 @@ class TransformerCore(cst.CSTTransformer):
         ):
             third = unpack.elements[2].value
             if isinstance(third, cst.Name):
-                self._unpacked_v[id(value)] = third.value
+                self.unpacked_v[id(value)] = third.value
         if q is None:
             return
         if q in SPLIT_GROUP_CALLS or (q in NEW_GROUP_CALLS and local_sync_new_group(value)):
-            self._scopes[-1].split_groups.update(targets)
+            self.scopes[-1].split_groups.update(targets)
         elif q in _fixers_misc.PROFILERS:
-            self._scopes[-1].profilers.update(targets)
+            self.scopes[-1].profilers.update(targets)
 
     def visit_WithItem(self, node: cst.WithItem) -> None:
         item = node.item
@@ -413,19 +419,19 @@ class TransformerCore(cst.CSTTransformer):
             and isinstance(node.asname.name, cst.Name)
             and self.qualify(item.func) in _fixers_misc.PROFILERS
         ):
-            self._scopes[-1].profilers.add(node.asname.name.value)
+            self.scopes[-1].profilers.add(node.asname.name.value)
 
     def is_profiler(self, node: cst.BaseExpression) -> bool:
-        return isinstance(node, cst.Name) and any(node.value in s.profilers for s in self._scopes)
+        return isinstance(node, cst.Name) and any(node.value in s.profilers for s in self.scopes)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         tensor = self._is_tensor_annotation(node.annotation.annotation) or (
-            node.value is not None and self._is_tensor(node.value)
+            node.value is not None and self.is_tensor(node.value)
         )
         self._bind(node.target, tensor)
 
     def _is_tensor_name(self, name: str) -> bool:
-        for depth, scope in enumerate(reversed(self._scopes)):  # the innermost binding wins
+        for depth, scope in enumerate(reversed(self.scopes)):  # the innermost binding wins
             if scope.is_class and depth:
                 continue
             if name in scope.tensors:
@@ -434,5 +440,5 @@ class TransformerCore(cst.CSTTransformer):
                 return False
         return False
 
-    def _is_tensor(self, node: cst.BaseExpression) -> bool:
+    def is_tensor(self, node: cst.BaseExpression) -> bool:
         return is_tensor_expr(node, self.qualify, self._is_tensor_name)

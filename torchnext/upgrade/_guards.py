@@ -35,17 +35,17 @@ class GuardTracking(TransformerCore):
 
     def _push_guard(self, node: cst.CSTNode, kind: str) -> None:
         pos = self.get_metadata(PositionProvider, node)
-        self._guards.append(Guard(pos.start.line, pos.start.column + 1, kind))
+        self.guards.append(Guard(pos.start.line, pos.start.column + 1, kind))
 
     def _pop_guard(self, node: cst.CSTNode) -> None:
-        guard = self._guards.pop()
+        guard = self.guards.pop()
         if guard.count:
-            self._report(
+            self.report(
                 node, Diagnosis("TNU301", detail=f"{guard.count} site(s) in this {guard.kind}")
             )
 
     def visit_While(self, node: cst.While) -> None:
-        self._bare_exprs.add(id(node.test))
+        self.bare_exprs.add(id(node.test))
 
     def _mark_trailing(self, body: Sequence[cst.CSTNode]) -> None:
         """After ``if <version test>: ... return`` (no else), the rest of the block is the
@@ -62,7 +62,7 @@ class GuardTracking(TransformerCore):
             ):
                 pos = self.get_metadata(PositionProvider, stmt)
                 for later in body[i + 1 :]:
-                    self._trailing[id(later)] = Guard(
+                    self.trailing[id(later)] = Guard(
                         pos.start.line, pos.start.column + 1, "version guard's fallback"
                     )
 
@@ -74,28 +74,28 @@ class GuardTracking(TransformerCore):
         self._mark_trailing(node.body)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        guard = self._trailing.get(id(node))
+        guard = self.trailing.get(id(node))
         if guard is not None:
-            self._guards.append(Guard(guard.line, guard.column, guard.kind))
+            self.guards.append(Guard(guard.line, guard.column, guard.kind))
         return super().on_visit(node)
 
     def on_leave(
         self, original_node: cst.CSTNode, updated_node: cst.CSTNode
     ) -> cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNode]:
         result = super().on_leave(original_node, updated_node)
-        if id(original_node) in self._trailing:
+        if id(original_node) in self.trailing:
             self._pop_guard(original_node)
         return result
 
     def visit_If(self, node: cst.If) -> None:
-        self._bare_exprs.add(id(node.test))
+        self.bare_exprs.add(id(node.test))
         if _VERSION_TEST.search(self.code_for_node(node.test)):
             self._push_guard(node, "version guard")
-            self._if_guards.add(id(node))
+            self.if_guards.add(id(node))
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement:
-        if id(original_node) in self._if_guards:
-            self._if_guards.discard(id(original_node))
+        if id(original_node) in self.if_guards:
+            self.if_guards.discard(id(original_node))
             self._pop_guard(original_node)
         return updated_node
 
@@ -111,7 +111,7 @@ class GuardTracking(TransformerCore):
 
     def visit_Try(self, node: cst.Try) -> None:
         frame = TryFrame(node)
-        self._tries.append(frame)
+        self.tries.append(frame)
         caught = (
             set().union(*(self._handler_names(h) for h in node.handlers))
             if node.handlers
@@ -126,24 +126,24 @@ class GuardTracking(TransformerCore):
             self._push_guard(node, "try/except fallback")
 
     def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
-        if self._tries:
-            self._tries[-1].in_body = False
+        if self.tries:
+            self.tries[-1].in_body = False
 
     def visit_Finally(self, node: cst.Finally) -> None:
-        if self._tries:
-            self._tries[-1].in_body = False
+        if self.tries:
+            self.tries[-1].in_body = False
 
     def visit_Else(self, node: cst.Else) -> None:
-        if self._tries and any(node is getattr(t.node, "orelse", None) for t in self._tries[-1:]):
-            self._tries[-1].in_body = False
+        if self.tries and any(node is getattr(t.node, "orelse", None) for t in self.tries[-1:]):
+            self.tries[-1].in_body = False
 
     def leave_Try(self, original_node: cst.Try, updated_node: cst.Try) -> cst.BaseStatement:
-        frame = self._tries.pop()
+        frame = self.tries.pop()
         if frame.guard:
             self._pop_guard(original_node)
         if frame.raises_typeerror_214:
             for handler in original_node.handlers:
                 if self._handler_names(handler) & _SWALLOW_TYPEERROR:
                     detail = "it retries with the same keyword" if frame.retry_line else ""
-                    self._report(handler, Diagnosis("TNU009", detail=detail))
+                    self.report(handler, Diagnosis("TNU009", detail=detail))
         return updated_node

@@ -31,11 +31,11 @@ class StructuralRules(GuardTracking):
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
     ) -> cst.FunctionDef:
         self._func_depth -= 1
-        self._scopes.pop()
+        self.scopes.pop()
         if (
-            self._classes
-            and self._classes[-1][0]
-            and self._classes[-1][1] == self._func_depth
+            self.classes
+            and self.classes[-1][0]
+            and self.classes[-1][1] == self._func_depth
             and original_node.name.value == "new_group"
         ):
             return self._check_new_group(original_node, updated_node)
@@ -68,7 +68,7 @@ class StructuralRules(GuardTracking):
         fix = updated.with_changes(params=new_params)
         # The fix is a whole new signature, applied here; the Diagnosis only needs *a* fix
         # node so that the finding is marked fixable.
-        if self._report(original.name, Diagnosis("TNU005", fix=_STATEMENT_FIX)):
+        if self.report(original.name, Diagnosis("TNU005", fix=_STATEMENT_FIX)):
             return fix
         return updated
 
@@ -78,23 +78,23 @@ class StructuralRules(GuardTracking):
             q = self.qualify(base.value)
             if q is not None and q.startswith("torch") and q.rsplit(".", 1)[-1] == "ProcessGroup":
                 is_pg = True
-        self._classes.append((is_pg, self._func_depth))
-        self._push_class_scope()
+        self.classes.append((is_pg, self._func_depth))
+        self.push_class_scope()
 
     def leave_ClassDef(
         self, original_node: cst.ClassDef, updated_node: cst.ClassDef
     ) -> cst.ClassDef:
-        self._classes.pop()
-        self._scopes.pop()
+        self.classes.pop()
+        self.scopes.pop()
         return updated_node
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.SimpleStatementLine | cst.RemovalSentinel | cst.FlattenSentinel[cst.BaseStatement]:
         first = original_node.body[0] if len(original_node.body) == 1 else None
-        if isinstance(first, cst.Assign) and id(first.value) in self._svd_fixed:
+        if isinstance(first, cst.Assign) and id(first.value) in self.svd_fixed:
             # torch.svd returned V; torch.linalg.svd returns Vh = V^H.
-            v = cst.Name(self._svd_fixed.pop(id(first.value)))
+            v = cst.Name(self.svd_fixed.pop(id(first.value)))
             conj = cst.SimpleStatementLine(
                 body=[
                     cst.Assign(
@@ -115,14 +115,14 @@ class StructuralRules(GuardTracking):
             and self.imports_torch
         ):
             return updated_node
-        if self._report(call, Diagnosis("TNU107", fix=_STATEMENT_FIX, unsafe=True)):
+        if self.report(call, Diagnosis("TNU107", fix=_STATEMENT_FIX, unsafe=True)):
             return cst.RemovalSentinel.REMOVE
         return updated_node
 
     # ------------------------------------------------------------------ split_group checks
 
     def _split_name(self, node: cst.BaseExpression) -> str | None:
-        if isinstance(node, cst.Name) and any(node.value in s.split_groups for s in self._scopes):
+        if isinstance(node, cst.Name) and any(node.value in s.split_groups for s in self.scopes):
             return node.value
         return None
 
@@ -133,7 +133,7 @@ class StructuralRules(GuardTracking):
                 base = cst.Name(name)
                 break
         if base is None:
-            if not self._has_torch_binding():
+            if not self.has_torch_binding():
                 self.needs_torch_import = True
             self.extra_imports.add("torch.distributed")
             base = cst.Attribute(value=cst.Name(self.torch_name), attr=cst.Name("distributed"))
@@ -144,14 +144,14 @@ class StructuralRules(GuardTracking):
 
     def visit_BooleanOperation(self, node: cst.BooleanOperation) -> None:
         if "NON_GROUP_MEMBER" in self.code_for_node(node.right):
-            self._exempt.add(id(node.left))
+            self.exempt.add(id(node.left))
             if isinstance(node.left, cst.UnaryOperation):
-                self._exempt.add(id(node.left.expression))
+                self.exempt.add(id(node.left.expression))
 
     def leave_Comparison(
         self, original_node: cst.Comparison, updated_node: cst.Comparison
     ) -> cst.BaseExpression:
-        if id(original_node) in self._exempt or len(original_node.comparisons) != 1:
+        if id(original_node) in self.exempt or len(original_node.comparisons) != 1:
             return updated_node
         name = self._split_name(original_node.left)
         target = original_node.comparisons[0]
@@ -187,9 +187,9 @@ class StructuralRules(GuardTracking):
     def _split_fix(
         self, original: cst.BaseExpression, updated: cst.BaseExpression, new: cst.BaseExpression
     ) -> cst.BaseExpression:
-        if id(original) not in self._bare_exprs:
+        if id(original) not in self.bare_exprs:
             new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        if self._report(original, Diagnosis("TNU004", fix=new, unsafe=True)):
+        if self.report(original, Diagnosis("TNU004", fix=new, unsafe=True)):
             sentinel = self._sentinel()
             return new.visit(_ReplaceName("__tnu_sentinel__", sentinel))  # type: ignore[return-value]
         return updated
@@ -199,7 +199,7 @@ class StructuralRules(GuardTracking):
     ) -> cst.BaseExpression:
         if (
             not isinstance(original_node.operator, cst.Not)
-            or id(original_node.expression) in self._exempt
+            or id(original_node.expression) in self.exempt
         ):
             return updated_node
         name = self._split_name(original_node.expression)

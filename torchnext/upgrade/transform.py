@@ -61,18 +61,18 @@ class UpgradeTransformer(StructuralRules):
                 )
             if diag is None:
                 continue
-            if diag.code == "TNU003" and self._tries and self._tries[-1].in_body:
-                self._tries[-1].raises_typeerror_214 = True
-            retry = self._tries[-1].retry_line if self._tries else None
+            if diag.code == "TNU003" and self.tries and self.tries[-1].in_body:
+                self.tries[-1].raises_typeerror_214 = True
+            retry = self.tries[-1].retry_line if self.tries else None
             if retry is not None and diag.code in RETRY_CODES:
                 diag = dataclasses.replace(diag, detail=_retry_detail(diag.detail, retry))
-            if self._report(node, diag):
+            if self.report(node, diag):
                 replacement = diag.fix
                 if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
                     binding = self.from_imports.get(node.func.value)
                     if binding is not None:
                         self.used_from_imports.add(binding)
-                if site.used_torch and not self._has_torch_binding():
+                if site.used_torch and not self.has_torch_binding():
                     self.needs_torch_import = True
                 if isinstance(replacement, cst.Call):
                     site = Site(
@@ -93,11 +93,11 @@ class UpgradeTransformer(StructuralRules):
         if isinstance(node.value, cst.Call) and len(node.slice) == 1:
             element = node.slice[0].slice
             if isinstance(element, cst.Index) and isinstance(element.value, cst.Integer):
-                self._wrapped[id(node.value)] = ("index", int(element.value.value))
+                self.wrapped[id(node.value)] = ("index", int(element.value.value))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if isinstance(node.value, cst.Call):
-            self._wrapped[id(node.value)] = ("attr", node.attr.value)
+            self.wrapped[id(node.value)] = ("attr", node.attr.value)
 
     def leave_Subscript(
         self, original_node: cst.Subscript, updated_node: cst.Subscript
@@ -122,17 +122,17 @@ class UpgradeTransformer(StructuralRules):
                 ),
                 imports=("torch.compiler.config",),
             )
-            if self._report(original_node, diag):
-                if not self._has_torch_binding():
+            if self.report(original_node, diag):
+                if not self.has_torch_binding():
                     self.needs_torch_import = True
                 return diag.fix  # type: ignore[return-value]
             return updated_node
         if q == "torch._dynamo.config.enable_faithful_generator_behavior":
-            self._report(original_node, Diagnosis("TNU109", detail="the setting is ignored"))
+            self.report(original_node, Diagnosis("TNU109", detail="the setting is ignored"))
             return updated_node
         if original_node.attr.value == "use_cuda" and self.is_profiler(original_node.value):
             detail = "the `.use_cuda` attribute is gone too (AttributeError); read `.use_device`"
-            self._report(original_node, Diagnosis("TNU003", detail=detail))
+            self.report(original_node, Diagnosis("TNU003", detail=detail))
             return updated_node
         return self._leave_wrapper(original_node, updated_node)
 
@@ -140,9 +140,9 @@ class UpgradeTransformer(StructuralRules):
         self, original: cst.Subscript | cst.Attribute, updated: cst.Subscript | cst.Attribute
     ) -> cst.BaseExpression:
         inner = original.value
-        if not isinstance(inner, cst.Call) or id(inner) not in self._wrapped:
+        if not isinstance(inner, cst.Call) or id(inner) not in self.wrapped:
             return updated
-        wrapper = self._wrapped.pop(id(inner))
+        wrapper = self.wrapped.pop(id(inner))
         new_inner = updated.value
         if not isinstance(new_inner, cst.Call):
             return updated
@@ -160,7 +160,7 @@ class UpgradeTransformer(StructuralRules):
     ) -> tuple[Site | None, list[Fixer]]:
         q = self.qualify(original.func)
         if q is not None:
-            fixers = [f for f in self._call_fixers.get(q, ()) if f.tuple_aware == tuple_aware]
+            fixers = [f for f in self.call_fixers.get(q, ()) if f.tuple_aware == tuple_aware]
             if not fixers:
                 return None, []
             head = (dotted_name(original.func) or "").split(".")[0]
@@ -171,7 +171,7 @@ class UpgradeTransformer(StructuralRules):
             name = func.attr.value
             fixers = [
                 f
-                for f in self._method_fixers.get(name, ())
+                for f in self.method_fixers.get(name, ())
                 if f.tuple_aware == tuple_aware
                 # set_context()/pop_context() are common names; only green-context files count.
                 and (f.code != "TNU108" or self.green_contexts)
@@ -186,7 +186,7 @@ class UpgradeTransformer(StructuralRules):
                     qname=f".{name}",
                     torch_name=self.torch_name,
                     receiver=paren_if_needed(receiver),
-                    receiver_is_tensor=self._is_tensor(func.value),
+                    receiver_is_tensor=self.is_tensor(func.value),
                 ),
                 fixers,
             )
@@ -195,7 +195,7 @@ class UpgradeTransformer(StructuralRules):
     def visit_Decorator(self, node: cst.Decorator) -> None:
         q = self.qualify(node.decorator)
         if q is not None and q in _fixers_misc.JIT_DEPRECATED:
-            self._report(node.decorator, Diagnosis("TNU101", detail=f"`@{q}`"))
+            self.report(node.decorator, Diagnosis("TNU101", detail=f"`@{q}`"))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         replacement: cst.BaseExpression | None = None
@@ -204,12 +204,12 @@ class UpgradeTransformer(StructuralRules):
             replacement = self._run_fixers(
                 original_node, fixers, site, method=site.receiver is not None
             )
-        if replacement is None and id(original_node) not in self._wrapped:
+        if replacement is None and id(original_node) not in self.wrapped:
             # Tuple-aware rules on a bare call (no [i] / .attr around it): report the tuple use.
             site, fixers = self._site_for(original_node, updated_node, tuple_aware=True)
             if site is not None:
-                kept = self._kept.get(id(original_node))
-                v_name = None if kept is not None else self._unpacked_v.get(id(original_node))
+                kept = self.kept.get(id(original_node))
+                v_name = None if kept is not None else self.unpacked_v.get(id(original_node))
                 if kept is not None:
                     site.wrapper = ("keep", kept)
                 elif v_name is not None:
@@ -218,12 +218,12 @@ class UpgradeTransformer(StructuralRules):
                     original_node, fixers, site, method=site.receiver is not None
                 )
                 if replacement is not None and v_name is not None and site.qname.endswith("svd"):
-                    self._svd_fixed[id(original_node)] = v_name
+                    self.svd_fixed[id(original_node)] = v_name
                 if replacement is not None and kept is not None:
-                    self._kept_fixed[id(original_node)] = kept
+                    self.kept_fixed[id(original_node)] = kept
         return replacement if replacement is not None else updated_node
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
-        kept = self._kept_fixed.pop(id(original_node.value), None)
+        kept = self.kept_fixed.pop(id(original_node.value), None)
         # The call now returns the one result the placeholders did not drop.
         return updated_node if kept is None else keep_only(updated_node, kept)
