@@ -1,4 +1,4 @@
-"""Where torchnext's compile passes meet Inductor's configuration (the only module that does).
+"""Where torchnext's compile passes meet torch internals: Inductor's configuration, op schemas.
 
 :func:`install_overlap_pass` puts a graph pass (``torchnext.compile.simple_overlap``) into
 ``torch._inductor.config.post_grad_custom_post_pass``, after any pass already there (it
@@ -6,6 +6,18 @@ is chained, not replaced). On a torch that has 2.14's own pass
 (``aten_distributed_optimizations.enable_simple_overlap``), it flips that flag instead.
 What not to assume: Inductor reads the config when it compiles, so the switch applies to
 graphs compiled after it, not to ones already in the cache of a running ``torch.compile``.
+
+The graph passes read an FX node's op through :func:`op_schema` and :func:`op_namespace`
+instead of touching ``torch._ops.OpOverload`` themselves.
+
+==================================================  ===================================  ==============
+access                                              what for                             tested on
+==================================================  ===================================  ==============
+``torch._inductor.config.post_grad_custom_post_pass``  install the overlap pass          2.13.0, 2.14.1
+``torch._inductor.config.aten_distributed_optimizations``  2.14's own overlap switch     2.14.1
+``torch._ops.OpOverload`` and its ``_schema``       an aten op's namespace, aliasing,    2.13.0, 2.14.1
+                                                    mutation
+==================================================  ===================================  ==============
 """
 
 from __future__ import annotations
@@ -17,6 +29,8 @@ from typing import Any
 GraphPass = Callable[[Any], Any]
 
 __all__ = [
+    "op_namespace",
+    "op_schema",
     "native_overlap",
     "install_overlap_pass",
     "uninstall_overlap_pass",
@@ -26,6 +40,20 @@ __all__ = [
 
 _PASS_VERSION = 1
 _lock = threading.Lock()
+
+
+def op_schema(target: object) -> Any | None:
+    """The ``torch.FunctionSchema`` of an FX ``call_function`` target that is an aten-style op."""
+    import torch
+
+    return target._schema if isinstance(target, torch._ops.OpOverload) else None
+
+
+def op_namespace(target: object) -> str:
+    """The op's namespace (``"aten"``, ``"_c10d_functional"``), or ``""`` for a plain callable."""
+    import torch
+
+    return str(target.namespace) if isinstance(target, torch._ops.OpOverload) else ""
 
 
 def _config() -> Any:

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from torchnext.compat.inductor_passes import op_namespace, op_schema
+
 __all__ = ["OverlapReport", "simple_overlap", "is_collective", "is_wait"]
 
 log = logging.getLogger(__name__)
@@ -75,8 +77,7 @@ class OverlapReport:
 
 
 def _namespace(node: torch.fx.Node) -> str:
-    target = node.target
-    return target.namespace if isinstance(target, torch._ops.OpOverload) else ""
+    return op_namespace(node.target)
 
 
 def is_wait(node: torch.fx.Node) -> bool:
@@ -98,19 +99,19 @@ def is_collective(node: torch.fx.Node) -> bool:
 def _has_side_effects(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return node.op != "get_attr"
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return bool(target._schema.is_mutable) and not is_collective(node)
+    schema = op_schema(node.target)
+    if schema is not None:
+        return bool(schema.is_mutable) and not is_collective(node)
     return bool(node.is_impure())
 
 
 def _is_view(node: torch.fx.Node) -> bool:
     if is_wait(node) or node.target is operator.getitem:
         return True  # a wait returns the collective's buffer; getitem picks one output
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+    schema = op_schema(node.target) if node.op == "call_function" else None
+    if schema is None:
         return False
-    return any(r.alias_info is not None for r in target._schema.returns)
+    return any(r.alias_info is not None for r in schema.returns)
 
 
 def _nbytes(node: torch.fx.Node) -> int | None:

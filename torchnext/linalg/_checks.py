@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from torchnext.compat.linalg_internals import functorch_transforms_active
 from torchnext.errors import LinAlgInputError, NotPositiveDefiniteError
 
 __all__ = [
@@ -93,7 +94,7 @@ def check_finite(fn: str, A: torch.Tensor, *, arg: str = "A") -> None:
     """:class:`LinAlgInputError` naming the first batch index holding NaN or inf."""
     if A.numel() == 0 or torch.compiler.is_compiling():
         return
-    if torch._C._are_functorch_transforms_active():
+    if functorch_transforms_active():
         return  # data-dependent checks cannot run under vmap/grad transforms
     a_BMN = A.reshape(-1, A.shape[-2], A.shape[-1])
     # One fused reduction: sum is non-finite iff some entry is NaN/inf (or it overflows,

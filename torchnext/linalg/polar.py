@@ -28,6 +28,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
+from torchnext.compat.linalg_internals import traced
 from torchnext.linalg._checks import check_finite, check_matrix
 from torchnext.linalg._info import IterInfo
 from torchnext.linalg._out import write_out
@@ -150,11 +151,6 @@ def _direct_info(U: torch.Tensor, B: int) -> IterInfo:
     )
 
 
-def _traced() -> bool:
-    """Under torch.compile or functorch only traceable torch ops may run."""
-    return torch.compiler.is_compiling() or bool(torch._C._are_functorch_transforms_active())
-
-
 def _plain_tall(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # Traceable composition for torch.compile / functorch: 2.14's own algorithm.
     W, S, Vh = torch.linalg.svd(a, full_matrices=False)
@@ -192,7 +188,7 @@ def polar(
     transpose = (side == "right" and m < n) or (side == "left" and m <= n)
     T = A.mH if transpose else A
     info: IterInfo | None = None
-    if A.numel() == 0 or _traced():
+    if A.numel() == 0 or traced():  # only traceable ops may run
         U_t, H_t = _plain_tall(T)
     else:
         check_finite(fn_name, A)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from torchnext.compat.linalg_internals import functorch_transforms_active
 from torchnext.linalg._checks import check_dtype, check_finite, check_matrix, check_square
 from torchnext.linalg._out import EighResult, SVDResult, torch_result, write_out
 from torchnext.linalg.dispatch import (
@@ -45,7 +46,7 @@ def plain_torch_needed(A: torch.Tensor) -> bool:
         return True
     if torch.compiler.is_compiling():
         return True
-    return bool(torch._C._are_functorch_transforms_active())
+    return functorch_transforms_active()
 
 
 _DIRECT = LapackPlan(chunks=1, intra_op_threads=None)

@@ -30,6 +30,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
+from torchnext.compat.linalg_internals import traced
 from torchnext.errors import NotPositiveDefiniteError
 from torchnext.linalg._checks import check_dtype, check_square, first_bad_index
 from torchnext.linalg._info import IterInfo
@@ -161,8 +162,7 @@ def matrix_sqrth(
     herm = _hermitian_from_lower(A) if needs_herm else A
     if grad:
         herm = _with_hermitian_gradient(herm, A)
-    traced = torch.compiler.is_compiling() or bool(torch._C._are_functorch_transforms_active())
-    if A.numel() == 0 or traced:
+    if A.numel() == 0 or traced():
         lam, Q = torch.linalg.eigh(herm)
         X = (Q * lam.clamp_min(0).sqrt()[..., None, :].to(Q.dtype)) @ Q.mH
         info = None
