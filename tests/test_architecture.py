@@ -202,11 +202,10 @@ def _defined_private_names(tree: ast.Module) -> set[str]:
 COMPAT = "torchnext.compat"
 
 
-# The standard library's documented underscore names.
-STDLIB_PRIVATE = {"_getframe", "_exit", "_replace", "_asdict", "_fields"}
+# Documented underscore names: the standard library's, and torch._check (torch's
+# documented way to state a fact about a symbolic size).
+STDLIB_PRIVATE = {"_getframe", "_exit", "_replace", "_asdict", "_fields", "_check"}
 
-# Packages the check covers so far (the rest follow as their torch internals move
-# behind their compatibility modules).
 CHECKED = ("torchnext",)
 
 
@@ -228,6 +227,39 @@ def test_private_attributes_are_touched_only_in_their_own_module() -> None:
                 continue
             offenders.append(f"{src.path}:{node.lineno}: .{attr}")
     assert not offenders, "private attributes of other modules' objects:\n" + "\n".join(offenders)
+
+
+# The one module outside torchnext.compat that may import torch's private modules: it
+# registers the flat switch op in Dynamo's and Inductor's tables, and its supported()
+# checks every piece it uses before anything is registered.
+PRIVATE_TORCH_ALLOWED = {"torchnext.control_flow._flat_switch_compile"}
+
+
+def _is_private_torch(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts)
+
+
+def test_torch_internals_are_imported_only_by_the_compat_modules() -> None:
+    offenders = []
+    for src in SOURCES.values():
+        if (
+            src.name == COMPAT
+            or src.name.startswith(COMPAT + ".")
+            or src.name in PRIVATE_TORCH_ALLOWED
+        ):
+            continue
+        for imp in _imports(src):
+            names = [imp.module] + [f"{imp.module}.{n}" for n in imp.names]
+            if any(_is_private_torch(n) for n in names):
+                offenders.append(f"{src.path}:{imp.line}: imports {imp.module} {list(imp.names)}")
+    assert not offenders, "torch internals outside torchnext.compat:\n" + "\n".join(offenders)
+
+
+def test_the_private_torch_check_sees_private_modules() -> None:
+    assert _is_private_torch("torch._C") and _is_private_torch("torch.utils._pytree")
+    assert not _is_private_torch("torch.fx.experimental.proxy_tensor")
+    assert not _is_private_torch("torchnext._env")
 
 
 def test_no_file_over_the_size_limit() -> None:

@@ -33,24 +33,32 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
-from torch._C import DispatchKey
-from torch._higher_order_ops.cond import _merge_output
-from torch._higher_order_ops.utils import (
-    _check_alias_and_mutation,
-    _maybe_run_with_interpreter,
+from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_tensor_tree
+
+from torchnext.compat.control_flow_internals import (
+    VMAP,
+    AutoDispatchBelowAutograd,
+    DispatchKey,
+    FakeTensorMode,
+    HigherOrderOperator,
+    add_batch_dim,
+    check_alias_and_mutation,
     create_bw_fn,
+    dispatch_exclude_set,
+    dispatch_include_set,
     fill_none_with_masks,
+    get_unwrapped,
+    is_batchedtensor,
     materialize_as_graph,
+    maybe_get_bdim,
+    maybe_run_with_interpreter,
+    merge_output,
+    pytree,
     reenter_make_fx,
     save_values_for_backward,
     saved_values,
     unique_graph_id,
 )
-from torch._ops import HigherOrderOperator
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_tensor_tree
-
 from torchnext.errors import ControlFlowError
 
 __all__ = ["flat_switch", "pick"]
@@ -120,10 +128,10 @@ class _FlatSwitchAutograd(torch.autograd.Function):
         ctx._index = index
         ctx._bw_fns = [create_bw_fn(branch, operands) for branch in branches]
         # The key sets in force now are the ones the backward graphs must be traced under.
-        ctx._include = torch._C._dispatch_tls_local_include_set()
-        ctx._exclude = torch._C._dispatch_tls_local_exclude_set()
+        ctx._include = dispatch_include_set()
+        ctx._exclude = dispatch_exclude_set()
         save_values_for_backward(ctx, operands)
-        with torch._C._AutoDispatchBelowAutograd():
+        with AutoDispatchBelowAutograd():
             return flat_switch(index, branches, operands)
 
     @staticmethod
@@ -216,16 +224,14 @@ def _merge_leaves(leaves: Sequence[torch.Tensor], mode: FakeTensorMode) -> torch
         interim = shape_env is not None and i < len(leaves)
         scope = shape_env.ignore_fresh_unbacked_symbols() if interim else contextlib.nullcontext()  # type: ignore[union-attr]
         with scope:
-            merged = _merge_output(merged, leaf, mode)
+            merged = merge_output(merged, leaf, mode)
     return merged  # type: ignore[return-value]
 
 
-@flat_switch.py_impl(torch._C._functorch.TransformType.Vmap)
+@flat_switch.py_impl(VMAP)
 def _vmap(
     interpreter: Any, index: Any, branches: tuple[Branch, ...], operands: tuple[Any, ...]
 ) -> Any:
-    from torch._C._functorch import _add_batch_dim, get_unwrapped, is_batchedtensor, maybe_get_bdim
-
     def unwrap(t: Any) -> tuple[Any, int | None]:
         if isinstance(t, torch.Tensor) and is_batchedtensor(t):
             return get_unwrapped(t), maybe_get_bdim(t)
@@ -242,7 +248,7 @@ def _vmap(
         batched = tuple(torch.vmap(b, in_dims=tuple(in_dims)) for b in branches)
         with interpreter.lower():
             outs = flat_switch(inner_index, batched, inner)
-        return tuple(_add_batch_dim(o, 0, level) for o in outs)
+        return tuple(add_batch_dim(o, 0, level) for o in outs)
 
     # Each example picks its own branch: run every branch, keep each example's pick.
     def per_example(i: torch.Tensor, *args: Any) -> tuple[torch.Tensor, ...]:
@@ -257,7 +263,7 @@ def _vmap(
 
     with interpreter.lower():
         outs = torch.vmap(per_example, in_dims=(index_dim, *in_dims))(inner_index, *inner)
-    return tuple(_add_batch_dim(o, 0, level) for o in outs)
+    return tuple(add_batch_dim(o, 0, level) for o in outs)
 
 
 @flat_switch.py_functionalize_impl
@@ -267,9 +273,9 @@ def _functionalize(
     inner_operands = ctx.unwrap_tensors(operands)
     inner_index = ctx.unwrap_tensors(index)
     with ctx.redispatch_to_next():
-        functional = tuple(ctx.functionalize(_maybe_run_with_interpreter(b)) for b in branches)
+        functional = tuple(ctx.functionalize(maybe_run_with_interpreter(b)) for b in branches)
         pre_dispatch = hasattr(ctx, "mode") and ctx.mode.pre_dispatch
         for i, branch in enumerate(branches):
             # Raises on a branch that mutates or returns (a view of) an input.
-            _check_alias_and_mutation(branch, inner_operands, f"switch_branch{i}", pre_dispatch)
+            check_alias_and_mutation(branch, inner_operands, f"switch_branch{i}", pre_dispatch)
         return ctx.wrap_tensors(flat_switch(inner_index, functional, inner_operands))

@@ -18,15 +18,16 @@ import sympy
 import torch
 from torch.fx.experimental.dynamic_spec import IntVar, ShapesSpec, TensorSpec
 
+from torchnext.compat import control_flow_internals as internals
 from torchnext.errors import DynamicSpecError
 
 __all__ = ["spec_to_dims", "symbolic_make_fx"]
 
 
 def _leaves(spec: ShapesSpec) -> dict[str, Any]:
-    params = spec._params
-    named = dict(getattr(params, "_named_args", {}) or {})
-    if getattr(params, "_varargs", None) or getattr(params, "_varkw", None):
+    params = internals.spec_params(spec)
+    named = internals.spec_named_args(params)
+    if internals.spec_has_var_args(params):
         raise DynamicSpecError(
             "on torch 2.13 the '*args'/'**kwargs' entries of a ParamsSpec cannot be "
             "translated for export/make_fx; name the parameters explicitly."
@@ -107,7 +108,7 @@ def spec_to_dims(
     # Base variables first, so derived dims find their root.
     for leaf in named.values():
         if isinstance(leaf, TensorSpec):
-            for entry in leaf._specs:
+            for entry in internals.spec_dims(leaf):
                 if isinstance(entry, IntVar):
                     dim_for(entry)
     for name, leaf in named.items():
@@ -122,7 +123,7 @@ def spec_to_dims(
                 f"{name}: spec is TensorSpec but the actual arg is {type(value).__name__}, "
                 "not a Tensor."
             )
-        dims = list(leaf._specs)
+        dims = internals.spec_dims(leaf)
         if len(dims) != value.dim():
             raise DynamicSpecError(
                 f"TensorSpec has {len(dims)} dims but tensor {name!r} has {value.dim()} dims"
@@ -158,7 +159,6 @@ def symbolic_make_fx(
     f: Callable[..., Any], spec: ShapesSpec, **make_fx_kwargs: Any
 ) -> Callable[..., torch.fx.GraphModule]:
     """A tracer: given example args, trace ``f`` with the spec's dims symbolic (2.13)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import (
         DimDynamic,
@@ -166,7 +166,8 @@ def symbolic_make_fx(
         StatelessSymbolicContext,
         StrictMinMaxConstraint,
     )
-    from torch.utils._sympy.value_ranges import ValueRanges
+
+    ValueRanges = internals.value_ranges_type()
 
     named = _leaves(spec)
 
@@ -174,7 +175,7 @@ def symbolic_make_fx(
         bound = _bind(f, args, kwargs)
         _unknown_keys(named, bound)
         shape_env = ShapeEnv()
-        fake_mode = FakeTensorMode(shape_env=shape_env)
+        fake_mode = internals.FakeTensorMode(shape_env=shape_env)
         roots: dict[sympy.Symbol, Any] = {}
         derived: list[tuple[Any, sympy.Expr, str]] = []
         fakes: dict[str, Any] = {}
@@ -186,7 +187,7 @@ def symbolic_make_fx(
             if not isinstance(leaf, TensorSpec):
                 fakes[name] = fake_mode.from_tensor(value, static_shapes=True)
                 continue
-            dims = list(leaf._specs)
+            dims = internals.spec_dims(leaf)
             if len(dims) != value.dim():
                 raise DynamicSpecError(
                     f"TensorSpec has {len(dims)} dims but tensor {name!r} has {value.dim()} dims"

@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
+from torchnext.compat import control_flow_internals as internals
+from torchnext.compat.control_flow_internals import pytree
 from torchnext.errors import UnsupportedComplexOpError
 
 __all__ = ["complex_compile"]
@@ -56,8 +57,7 @@ def _dft_last(
 
 
 def _fft_c2c_rule(self: Any, dim: list[int], normalization: int, forward: bool) -> Any:
-    from torch._subclasses.complex_tensor import ComplexTensor
-
+    ComplexTensor = internals.complex_tensor_type()
     re_part, im_part = self.re, self.im
     scale = 1
     for d in dim:
@@ -77,24 +77,20 @@ def _fft_c2c_rule(self: Any, dim: list[int], normalization: int, forward: bool) 
 @contextlib.contextmanager
 def _complex_rules() -> Iterator[None]:
     """Enable the decomposition and torchnext's extra op rules for the duration."""
-    import torch._functorch.config as functorch_config
-
-    try:
-        from torch._subclasses.complex_tensor._ops.common import COMPLEX_OPS_TABLE
-    except ImportError as exc:
+    table = internals.complex_ops_table()
+    if table is None:
         raise UnsupportedComplexOpError(
             f"torch {torch.__version__} has no complex decomposition for torch.compile "
             "(torch._subclasses.complex_tensor); complex_compile needs torch >= 2.13"
-        ) from exc
-    aten = torch.ops.aten
+        )
     added = []
-    for op, rule in ((aten._fft_c2c.default, _fft_c2c_rule),):
-        if op not in COMPLEX_OPS_TABLE:
-            COMPLEX_OPS_TABLE[op] = rule
+    for op, rule in ((internals.fft_c2c_op(), _fft_c2c_rule),):
+        if op not in table:
+            table[op] = rule
             added.append(op)
     try:
         with (
-            functorch_config.patch(enable_complex_wrapper=True),
+            internals.functorch_config().patch(enable_complex_wrapper=True),
             _without_inductor_complex_add(),
             warnings.catch_warnings(),
         ):
@@ -107,7 +103,7 @@ def _complex_rules() -> Iterator[None]:
             yield
     finally:
         for op in added:
-            COMPLEX_OPS_TABLE.pop(op, None)
+            table.pop(op, None)
 
 
 @contextlib.contextmanager
@@ -118,9 +114,8 @@ def _without_inductor_complex_add() -> Iterator[None]:
     storage before the complex decomposition runs, which then views a real/imaginary
     pair with the complex element count and fails ("shape [.., 2] is invalid").
     """
-    try:
-        import torch._inductor.decomposition as inductor_decomp
-    except ImportError:
+    inductor_decomp = internals.inductor_decomposition()
+    if inductor_decomp is None:
         yield
         return
     target = getattr(inductor_decomp, "add", None)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-import torch.utils._pytree as pytree
 
+from torchnext.compat.control_flow_internals import pytree
 from torchnext.errors import CudaGraphCaptureError
 
 __all__ = ["WhileLoopCaptureConfig", "CapturedWhileLoop", "capture_while_loop", "capture_support"]

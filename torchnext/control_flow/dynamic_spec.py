@@ -42,6 +42,7 @@ from torch.fx.experimental.dynamic_spec import (
     TensorSpec,
 )
 
+from torchnext.compat import control_flow_internals as internals
 from torchnext.errors import DynamicSpecError
 
 __all__ = [
@@ -94,7 +95,7 @@ def _coerce(spec: Any) -> ShapesSpec:
 
 
 def _params(spec: ShapesSpec) -> ParamsSpec:
-    params = getattr(spec, "_params", None)
+    params = internals.spec_params(spec)
     if not isinstance(params, ParamsSpec):
         raise DynamicSpecError(
             f"ShapesSpec {spec!r} has no ParamsSpec this version of torchnext can read"
@@ -103,13 +104,12 @@ def _params(spec: ShapesSpec) -> ParamsSpec:
 
 
 def _named(params: ParamsSpec) -> dict[str, Any]:
-    named = getattr(params, "_named_args", None)
-    return dict(named) if isinstance(named, dict) else {}
+    return internals.spec_named_args(params)
 
 
 def _dims(leaf: Any) -> list[Any] | None:
     if isinstance(leaf, TensorSpec):
-        return list(leaf._specs)
+        return internals.spec_dims(leaf)
     return None
 
 

@@ -39,9 +39,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from torchnext._env import TORCHNEXT_SWITCH_FLAT
+from torchnext.compat import control_flow_internals as internals
+from torchnext.compat.control_flow_internals import pytree
 from torchnext.control_flow._typed_errors import retyped
 from torchnext.errors import ControlFlowError
 
@@ -162,9 +163,7 @@ def _validate(index: object, branches: object, leaves: list[Any]) -> None:
 
 def _describe_outputs(branch: Callable[..., Any], leaves: list[torch.Tensor]) -> str | None:
     """Run ``branch`` on fake copies; return a description, or the problem it has."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    with internals.FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fakes = [mode.from_tensor(t) for t in leaves]
         out = branch(*fakes)
     out_leaves, spec = pytree.tree_flatten(out)
@@ -248,16 +247,14 @@ def _prepare_flat_eager(ctx: object) -> None:
 def _run_eager(index: Any, branches: tuple[Callable[..., Any], ...], flat: list[Any]) -> Any:
     """What an eager call compiles (backend "eager"): the flat op where it can be had."""
     if torch.compiler.is_dynamo_compiling():
-        from torch._dynamo.comptime import comptime
-
-        comptime(_prepare_flat_eager)
+        internals.comptime()(_prepare_flat_eager)
         if _flat_op is not None:
             return _flat_op(index, branches, tuple(flat))
     return _run_tree(index, branches, flat)
 
 
 def _functorch_active() -> bool:
-    return torch._C._functorch.maybe_current_level() is not None
+    return internals.functorch_level_active()
 
 
 def _warn_dynamo_index(ctx: object) -> None:
@@ -265,9 +262,7 @@ def _warn_dynamo_index(ctx: object) -> None:
 
 
 def _in_plain_eager() -> bool:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    return not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+    return not torch.compiler.is_compiling() and internals.current_dispatch_mode() is None
 
 
 def switch(
@@ -312,29 +307,21 @@ def switch(
     if isinstance(index, int) and _has_static_value(index):
         chosen = max(0, min(index, n - 1))
         if torch.compiler.is_dynamo_compiling():
-            from torch._dynamo.comptime import comptime
-
             # Dynamo cannot trace warnings.warn; comptime runs it once, at trace time,
             # which is when 2.14's native switch warns too.
-            comptime(_warn_dynamo_index)
+            internals.comptime()(_warn_dynamo_index)
         elif torch.compiler.is_compiling():
             warnings.warn(_EXPORT_INDEX_WARNING, UserWarning, stacklevel=2)
         return branches[chosen](*pytree.tree_unflatten(leaves, spec))
     if torch.compiler.is_dynamo_compiling():
-        from torch._dynamo.comptime import comptime
-
         # Decided at trace time (comptime runs while Dynamo traces, before the global
         # read below), so merely importing torchnext never imports Inductor.
-        comptime(_prepare_flat)
+        internals.comptime()(_prepare_flat)
         # Two branches are one cond either way, and cond carries int outputs natively.
         if box and _flat_ready and not torch.compiler.is_exporting():
             return _unbox(_flat_op(index, wrapped, tuple(leaves)))
         return _unbox(_run_tree(index, wrapped, leaves))
-    compile_and_run: Callable[..., Any] | None
-    try:
-        from torch._higher_order_ops.utils import _maybe_compile_and_run_fn as compile_and_run
-    except ImportError:  # older torch: the top-level cond compiles the whole tree itself
-        compile_and_run = None
+    compile_and_run = internals.maybe_compile_and_run  # None: cond compiles the tree itself
     plain_eager = _in_plain_eager()
     # vmap and the other functorch transforms run the captured graph on wrapped tensors;
     # cond has rules for them, so they keep the tree.
@@ -343,7 +330,7 @@ def switch(
         if compile_and_run is None:
             return _unbox(_run_tree(index, wrapped, leaves))
         return _unbox(compile_and_run(run, index, wrapped, leaves))
-    except torch._dynamo.exc.TorchDynamoException as exc:
+    except internals.dynamo_exception() as exc:
         better = _diagnose(exc, wrapped, leaves) if plain_eager else None
         if better is None:
             raise

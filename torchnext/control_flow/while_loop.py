@@ -18,8 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
+from torchnext.compat import control_flow_internals as internals
+from torchnext.compat.control_flow_internals import pytree
 from torchnext.control_flow._typed_errors import retyped
 from torchnext.errors import ControlFlowError
 
@@ -38,10 +39,8 @@ def _diagnose(
     body_fn: Callable[..., Any],
     carried: tuple[Any, ...],
 ) -> BaseException | None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        with internals.FakeTensorMode(allow_non_fake_inputs=True) as mode:
             fake = pytree.tree_map_only(torch.Tensor, mode.from_tensor, carried)
             pred = cond_fn(*fake)
             out = body_fn(*fake)
@@ -135,7 +134,7 @@ def while_loop(
         return torch.while_loop(cond_fn, body_fn, carried)
     try:
         return torch.while_loop(cond_fn, body_fn, carried)
-    except torch._dynamo.exc.TorchDynamoException as exc:
+    except internals.dynamo_exception() as exc:
         better = _diagnose(exc, cond_fn, body_fn, carried)
         if better is None:
             raise
