@@ -28,6 +28,8 @@ __all__ = [
     "CollectiveMismatchError",
     "HealingError",
     "HealingRefusedError",
+    "ReplicaDivergenceError",
+    "TrainingStateError",
     "WindowError",
     "WindowRevokedError",
     "FlightRecorderDumpError",
@@ -123,6 +125,44 @@ class HealingError(CommError):
 
 class HealingRefusedError(HealingError):
     """The healer refused a joiner whose model differs from the group's (do not retry)."""
+
+
+class TrainingStateError(TorchnextError, ValueError):
+    """State registered with a training Manager is unusable: a name taken twice or
+    reserved, or members (a replacement included) that registered different entries."""
+
+
+class ReplicaDivergenceError(TorchnextError, RuntimeError):
+    """Replicas that must be identical are not: the step was not committed.
+
+    Attributes:
+        entries: the state entries whose fingerprints differ (``model``, ``optimizer``,
+            ``sampler`` or a registered name).
+        members: the members whose copy differs from the majority's.
+        step: the committed step count the replicas started the failed step from.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        entries: tuple[str, ...] = (),
+        members: tuple[str, ...] = (),
+        step: int = -1,
+    ) -> None:
+        super().__init__(message)
+        self.entries = entries
+        self.members = members
+        self.step = step
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_divergence, (str(self), self.entries, self.members, self.step))
+
+
+def _rebuild_divergence(
+    message: str, entries: tuple[str, ...], members: tuple[str, ...], step: int
+) -> ReplicaDivergenceError:
+    return ReplicaDivergenceError(message, entries=entries, members=members, step=step)
 
 
 class WindowError(TorchnextError, ValueError):

@@ -48,16 +48,23 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, idx: list[in
     return torch.nn.functional.cross_entropy(model(x[i]), y[i], reduction="sum")
 
 
-def _reference(steps: int) -> dict[str, torch.Tensor]:
+def _scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+
+
+def _reference(steps: int, scheduler: bool = False) -> dict[str, torch.Tensor]:
     x, y = _data()
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = _scheduler(opt) if scheduler else None
     sampler = _sampler()
     for _ in range(steps):
         opt.zero_grad()
         (_loss(model, x, y, sampler.global_batch()) * sampler.loss_scale()).backward()
         opt.step()
         sampler.commit()
+        if sched is not None:
+            sched.step()
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -83,6 +90,13 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
     model = _model(cfg.get("ballast", 0), cfg.get("joiner_width", 32) if joining else 32)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     crcs: dict[int, int] = {}
+    draws: dict[int, list[float]] = {}
+    state: dict[str, Any] = {}
+    sched = _scheduler(opt) if cfg.get("scheduler") else None
+    if sched is not None:
+        state["lr"] = sched
+    if ctx.rank == cfg.get("extra_entry_rank", -1):
+        state["extra_counter"] = _scheduler(torch.optim.SGD([torch.zeros(1)], lr=1.0))
 
     def on_event(e: ManagerEvent) -> None:
         ctx.checkpoint(f"event:{e.kind}")
@@ -97,15 +111,22 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
         ),
         joining=joining,
         on_event=on_event,
+        state=state,
     )
     while manager.step < cfg["steps"]:
         ctx.checkpoint(f"step:{manager.step}")
 
         def closure(idx: list[int]) -> torch.Tensor:
+            # One draw per attempt: an aborted step is redone from the same random state.
+            draws.setdefault(manager.step, []).append(float(torch.rand(())))
             ctx.checkpoint(f"forward:{manager.step}")
             return _loss(model, x, y, idx)
 
         result = manager.run_step(closure)
+        if sched is not None:
+            sched.step()
+        if ctx.rank == cfg.get("diverge_rank", -1) and result.step == 3:
+            opt.param_groups[0]["lr"] *= 0.5  # a change on one member only
         crcs[result.step] = manager.checksum()
     manager.finish()
     # numpy, not tensors: torch would pass tensors through shared memory, which the
@@ -120,14 +141,16 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
         "redone": manager.steps_redone,
         "healed": len(manager.heal_stats),
         "world": manager.world_size,
+        "draws": draws,
+        "lr": opt.param_groups[0]["lr"],
     }
     group.shutdown()
     return out
 
 
-def _check(values: list[dict[str, Any]], steps: int) -> None:
+def _check(values: list[dict[str, Any]], steps: int, scheduler: bool = False) -> None:
     assert values, "no worker returned"
-    reference = _reference(steps)
+    reference = _reference(steps, scheduler)
     for v in values:
         assert v["mismatches"] == 0, f"{v['member']} saw replicas differ"
         for k, ref in reference.items():
@@ -154,8 +177,10 @@ def _run(
     replace: str = "",
     ballast: int = 0,
     joiner_width: int = 0,
+    **options: Any,
 ) -> Any:
     cfg: dict[str, Any] = {"world": world, "steps": steps, "replaces": replace, "ballast": ballast}
+    cfg.update(options)
     if joiner_width:
         cfg["joiner_width"] = joiner_width
     # A 3 s heartbeat timeout: on a loaded 2-core test machine, the 1 s default can
@@ -184,6 +209,40 @@ def test_kill_during_forward_is_redone_on_survivors() -> None:
     values = [result[0].value, result[2].value]
     _check(values, 14)
     assert all(v["redone"] >= 1 and v["world"] == 2 for v in values)
+    for v in values:  # the aborted step 5 was redone from the random state it began with
+        assert len(v["draws"][5]) >= 2 and len(set(v["draws"][5])) == 1, v["draws"][5]
+        assert all(len(d) == 1 for s, d in v["draws"].items() if s != 5)
+
+
+def test_registered_lr_scheduler_heals_into_the_replacement() -> None:
+    faults = [Fault(rank=1, at="step:4", kind="kill")]
+    result = _run(3, 12, faults, replace="w1", scheduler=True)
+    assert result[1].outcome == "killed", result.describe()
+    result.raise_if_failed([0, 2, 3])
+    values = [result[r].value for r in (0, 2, 3)]
+    _check(values, 12, scheduler=True)  # replica check on: identical optimizer and lr
+    assert result[3].value["healed"] == 1
+    assert len({v["lr"] for v in values}) == 1 and values[0]["lr"] == pytest.approx(1e-2 / 16)
+    # The replacement's random state came with the heal: its draws continue the others'.
+    joined = result[3].value["draws"]
+    assert all(set(joined[s]) == {result[0].value["draws"][s][-1]} for s in joined)
+
+
+def test_a_change_on_one_member_stops_the_job_naming_the_entry() -> None:
+    result = _run(3, 8, [], diverge_rank=2)
+    for r in range(3):  # every member raised the same error; nothing was committed
+        assert result[r].outcome == "raised", result.describe()
+        assert result[r].error_type.endswith("ReplicaDivergenceError"), result.describe()
+        assert "'optimizer' differs on w2" in result[r].message
+        assert "before committing step 4" in result[r].message
+
+
+def test_members_that_register_different_entries_fail_before_the_first_step() -> None:
+    result = _run(2, 4, [], extra_entry_rank=1)
+    for r in range(2):
+        assert result[r].outcome == "raised", result.describe()
+        assert result[r].error_type.endswith("TrainingStateError"), result.describe()
+        assert "w1: ['extra_counter']" in result[r].message and "w0: nothing" in result[r].message
 
 
 def test_kill_of_rank_zero_during_gradient_allreduce() -> None:
@@ -232,3 +291,14 @@ def test_joiner_with_a_different_model_is_refused_and_the_job_goes_on() -> None:
     values = [result[0].value, result[1].value]
     _check(values, 40)
     assert all(v["world"] == 2 for v in values)
+
+
+def test_joiner_with_other_registered_entries_is_refused_and_the_job_goes_on() -> None:
+    result = _run(2, 30, [], joiner_width=32, extra_entry_rank=2)
+    assert result[2].outcome == "raised", result.describe()
+    assert result[2].error_type.endswith("HealingRefusedError")
+    assert "joiner 'w2' registered 'extra_counter', which the group does not have" in (
+        result[2].message
+    )
+    result.raise_if_failed([0, 1])
+    _check([result[0].value, result[1].value], 30)

@@ -56,8 +56,10 @@ if TYPE_CHECKING:
     from torchnext.distributed.group.work import Work
     from torchnext.distributed.launch.agent import Agent, AgentConfig
     from torchnext.distributed.rma import RmaWork, StoreGroup, Window, WindowConfig
-    from torchnext.distributed.training.manager import Manager, ManagerConfig, StepResult
+    from torchnext.distributed.training.config import ManagerConfig, ManagerEvent, StepResult
+    from torchnext.distributed.training.manager import Manager
     from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
+    from torchnext.distributed.training.state import Stateful
 
 _EXPORTS = {
     # the group
@@ -83,9 +85,11 @@ _EXPORTS = {
     "AgentConfig": "launch.agent",
     "ElasticSampler": "training.sampler",
     "Manager": "training.manager",
-    "ManagerConfig": "training.manager",
+    "ManagerConfig": "training.config",
+    "ManagerEvent": "training.config",
     "SamplerConfig": "training.sampler",
-    "StepResult": "training.manager",
+    "Stateful": "training.state",
+    "StepResult": "training.config",
 }
 
 __all__ = [
@@ -99,10 +103,12 @@ __all__ = [
     "GroupConfig",
     "Manager",
     "ManagerConfig",
+    "ManagerEvent",
     "Membership",
     "P2POp",
     "RmaWork",
     "SamplerConfig",
+    "Stateful",
     "StepResult",
     "StoreGroup",
     "Window",

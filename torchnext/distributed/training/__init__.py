@@ -2,8 +2,10 @@
 
 Use :class:`Manager` to run a data-parallel loop that survives members dying: it
 all-reduces gradients in buckets (:mod:`.bucketing`), votes on each step's commit
-(:mod:`.commit`), heals joiners from a live member's state (:mod:`.healing`) and
-splits the data over whoever is alive (:class:`ElasticSampler`, :mod:`.sampler`).
+(:mod:`.commit`), heals joiners from a live member's state (:mod:`.healing`) with
+every registered entry (:class:`Stateful` objects such as LR schedulers, :mod:`.state`),
+checks the replicas before each commit (:mod:`.replica_check`) and splits the data over
+whoever is alive (:class:`ElasticSampler`, :mod:`.sampler`).
 
 What not to assume: names are loaded on first use; importing
 :class:`~torchnext.distributed.FaultTolerantGroup` alone never loads this package.
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
         StepResult,
     )
     from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
+    from torchnext.distributed.training.state import Stateful, TrainingState
 
 __all__ = [
     "ElasticSampler",
@@ -30,16 +33,20 @@ __all__ = [
     "ManagerConfig",
     "ManagerEvent",
     "SamplerConfig",
+    "Stateful",
     "StepResult",
+    "TrainingState",
 ]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "Manager": "manager",
-        "ManagerConfig": "manager",
-        "ManagerEvent": "manager",
-        "StepResult": "manager",
+        "ManagerConfig": "config",
+        "ManagerEvent": "config",
+        "StepResult": "config",
+        "Stateful": "state",
+        "TrainingState": "state",
         "ElasticSampler": "sampler",
         "SamplerConfig": "sampler",
     },

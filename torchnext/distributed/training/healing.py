@@ -28,7 +28,7 @@ import secrets
 import socket
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -258,11 +258,14 @@ class StateServer:
         *,
         joiners: Iterable[str],
         timeout: timedelta,
+        check_entries: Callable[[Any, str], list[str]] | None = None,
     ) -> list[TransferStats]:
         """Send ``state`` to each member id in ``joiners``; return one stats per transfer.
 
-        A joiner whose model differs is sent a refusal (it raises on its side) and is
-        reported here by a :class:`HealingError` after the others were served. Raises
+        A joiner whose model differs, or for whom ``check_entries(its entries, its
+        name)`` returns problems (the registered state entries it sent with its
+        request), is sent a refusal (it raises on its side) and is reported here by a
+        :class:`HealingError` after the others were served. Raises
         :class:`CommTimeoutError` if not every joiner connected within ``timeout``.
         """
         wanted = set(joiners)
@@ -309,6 +312,17 @@ class StateServer:
                 theirs = [(p, d, tuple(s)) for p, d, s in request.get("model_spec", [])]
                 try:
                     check_compatible(model_spec, theirs, who=f"joiner {peer!r}")
+                    problems = (
+                        check_entries(request.get("entries", {}), f"joiner {peer!r}")
+                        if check_entries is not None
+                        else []
+                    )
+                    if problems:
+                        raise HealingRefusedError(
+                            f"refusing to heal joiner {peer!r}: " + "; ".join(problems) + ". "
+                            "Register the same state entries (Manager.register or state=) "
+                            "on every member, replacements included."
+                        )
                 except HealingRefusedError as exc:
                     _send_msg(conn, json.dumps({"ok": False, "error": str(exc)}).encode())
                     wanted.discard(peer)
@@ -354,11 +368,13 @@ def fetch_state(
     model_spec: list[tuple[str, str, tuple[int, ...]]],
     timeout: timedelta,
     peer: str = "healer",
+    entries: dict[str, bool] | None = None,
 ) -> tuple[Any, TransferStats]:
     """Receive the healer's state at ``address`` (``host:port``); bounded by ``timeout``.
 
-    ``model_spec`` is :func:`describe_tensors` of the joiner's own model state dict; the
-    healer refuses a mismatch, which raises :class:`HealingError` here with its reason.
+    ``model_spec`` is :func:`describe_tensors` of the joiner's own model state dict and
+    ``entries`` its registered state entries (name -> replicated); the healer refuses a
+    mismatch, which raises :class:`HealingRefusedError` here with its reason.
     """
     host, _, port_text = address.rpartition(":")
     if not host or not port_text.isdigit():
@@ -375,7 +391,12 @@ def fetch_state(
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         try:
-            request = {"member_id": member_id, "token": token, "model_spec": model_spec}
+            request = {
+                "member_id": member_id,
+                "token": token,
+                "model_spec": model_spec,
+                "entries": dict(entries or {}),
+            }
             _send_msg(sock, json.dumps(request).encode())
             header = json.loads(_recv_msg(sock, deadline, f"reading the state header from {peer}"))
             if not header.get("ok"):

@@ -20,15 +20,20 @@ Per step:
 1. *Quorum*: if the last step failed or joiners were admitted, the members agree on a
    membership (``agree`` + ``shrink``, or ``grow``), compare their committed step
    counts, and anyone behind (a joiner) receives model, optimizer, data position, RNG
-   state and step from a live peer over the network (:mod:`.healing`); the others go
+   state, step and every registered entry (an LR scheduler, a GradScaler, EMA weights:
+   :mod:`.state`) from a live peer over the network (:mod:`.healing`); the others go
    on and wait at most for that transfer, in the step's first collective.
 2. Forward and backward on this member's share of the step's global batch; gradients
    are summed in buckets whose all-reduce starts during backward (:mod:`.bucketing`).
 3. *Commit*: every member votes through the store (:mod:`.commit`); the step is applied
    (optimizer step, data cursor advanced, ``step += 1``) only if every member of the
-   membership finished it. Otherwise every survivor discards it and redoes it on the
-   new membership with the same global batch, so replicas never diverge and the
-   trajectory equals a failure-free run's up to floating-point summation order.
+   membership finished it. Otherwise every survivor discards it, rolls its random
+   number generators back to the step's start, and redoes it on the new membership
+   with the same global batch, so replicas never diverge and the trajectory (dropout
+   included) equals a failure-free run's up to floating-point summation order. With
+   ``ManagerConfig.check_replicas`` the replicated state is compared before the vote
+   and a difference stops the job with :class:`~torchnext.errors.ReplicaDivergenceError`
+   naming the entry (:mod:`.replica_check`).
 
 What not to assume: losses must be *sums* over the member's samples scaled by
 ``sampler.loss_scale()`` (``run_step`` does the scaling if you return the sum); the
@@ -43,8 +48,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +58,7 @@ from torchnext.distributed.group.fault_tolerant_group import FaultTolerantGroup
 from torchnext.distributed.launch.keys import EVICTED_KEY_PREFIX, FINISHED_KEY
 from torchnext.distributed.training.bucketing import GradBucketer
 from torchnext.distributed.training.commit import CommitVote, Decision
+from torchnext.distributed.training.config import ManagerConfig, ManagerEvent, StepResult
 from torchnext.distributed.training.healing import (
     StateServer,
     TransferStats,
@@ -63,13 +68,17 @@ from torchnext.distributed.training.healing import (
     rng_state,
     set_rng_state,
 )
+from torchnext.distributed.training.replica_check import check_replicas, check_same_entries
 from torchnext.distributed.training.sampler import ElasticSampler
+from torchnext.distributed.training.state import Stateful, TrainingState
 from torchnext.errors import (
     CommError,
     CommTimeoutError,
     HealingError,
     HealingRefusedError,
+    ReplicaDivergenceError,
     StaleEpochError,
+    TrainingStateError,
 )
 
 __all__ = ["ManagerConfig", "ManagerEvent", "StepResult", "Manager"]
@@ -77,70 +86,6 @@ __all__ = ["ManagerConfig", "ManagerEvent", "StepResult", "Manager"]
 logger = logging.getLogger(__name__)
 
 _HEAL_KEY = "torchnext/heal"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ManagerConfig:
-    """Bounds and knobs of a :class:`Manager`."""
-
-    step_timeout: timedelta = timedelta(seconds=30)
-    """Bound on a step's gradient all-reduce and commit vote (failures are detected
-    much sooner, by the group's revoke; this only catches what nothing reports)."""
-    recovery_timeout: timedelta = timedelta(seconds=30)
-    """Bound on agreeing on a new membership after a failure."""
-    heal_timeout: timedelta = timedelta(seconds=120)
-    """Bound on one state transfer to a joiner (size it for your state and network)."""
-    grow_timeout: timedelta = timedelta(seconds=30)
-    """Bound on admitting pending joiners."""
-    bucket_cap_bytes: int = 25 * 1024 * 1024
-    """Gradient bucket size; smaller buckets start communicating earlier."""
-    check_replicas: bool = False
-    """After every committed step, compare a CRC of parameters and optimizer state
-    across members (one extra small collective); mismatches are counted and reported."""
-    heal_host: str = ""
-    """Interface the healing server binds; empty means the one that reaches the store."""
-    max_recoveries: int = 1000
-    """Give up (raise) after this many membership changes in one run."""
-
-    def __post_init__(self) -> None:
-        for name in ("step_timeout", "recovery_timeout", "heal_timeout", "grow_timeout"):
-            value = getattr(self, name)
-            if not isinstance(value, timedelta) or value.total_seconds() <= 0:
-                raise ValueError(f"ManagerConfig.{name}={value!r} must be a positive timedelta.")
-        if self.bucket_cap_bytes <= 0:
-            raise ValueError(
-                f"ManagerConfig.bucket_cap_bytes={self.bucket_cap_bytes} must be positive."
-            )
-        if self.max_recoveries < 1:
-            raise ValueError(f"ManagerConfig.max_recoveries={self.max_recoveries} must be >= 1.")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ManagerEvent:
-    """Something the manager did or saw; handed to ``on_event``."""
-
-    kind: str
-    """``failure_detected``, ``step_aborted``, ``shrink``, ``grow``, ``healing`` (a
-    joiner starts receiving), ``healed``, ``serving_heal`` / ``served_heal`` (a healer
-    starts / finished sending), ``replica_mismatch``, ``finished``."""
-    step: int
-    epoch: int
-    world_size: int
-    member_id: str
-    time: float
-    """``time.time()`` when it happened (comparable across processes of one machine)."""
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepResult:
-    committed: bool
-    step: int
-    """Committed steps after this one (unchanged when not committed)."""
-    loss: float
-    """Global-batch loss of the step (the all-reduced scaled sum); NaN if unknown."""
-    world_size: int
-    reason: str = ""
 
 
 class Manager:
@@ -156,11 +101,14 @@ class Manager:
         config: ManagerConfig | None = None,
         joining: bool = False,
         on_event: Callable[[ManagerEvent], None] | None = None,
+        state: Mapping[str, Stateful] | None = None,
     ) -> None:
         self.group = group
         self.model = model
         self.optimizer = optimizer
         self.sampler = sampler
+        self.training_state = TrainingState(model, optimizer, sampler, state)
+        """Model, optimizer, sampler and the registered entries (see :meth:`register`)."""
         self.config = config or ManagerConfig()
         self.on_event = on_event
         self.step = -1 if joining else 0
@@ -180,7 +128,23 @@ class Manager:
         self._first_sync = True
         self._server: StateServer | None = None
         self._failure_seen_epoch = -1
+        self._started = False
+        self._step_rng: dict[str, Any] | None = None
         group.add_revoke_callback(self._on_revoke)
+
+    def register(self, name: str, obj: Stateful, *, replicated: bool = True) -> None:
+        """Heal, checkpoint and check ``obj`` (anything with ``state_dict``/``load_state_dict``).
+
+        Call it before the first step, with the same names on every member. With
+        ``replicated=False`` the entry (a per-member counter, say) is carried to a
+        replacement from its healer but left out of the replica check.
+        """
+        if self._started:
+            raise TrainingStateError(
+                f"register({name!r}) after the first step: a replacement would heal without "
+                "it. Register every entry before the first start_step()/run_step()."
+            )
+        self.training_state.register(name, obj, replicated=replicated)
 
     # ------------------------------------------------------------------ construction
 
@@ -194,11 +158,13 @@ class Manager:
         config: ManagerConfig | None = None,
         on_event: Callable[[ManagerEvent], None] | None = None,
         join_timeout: timedelta = timedelta(seconds=120),
+        state: Mapping[str, Stateful] | None = None,
     ) -> Manager:
         """Create or join the group the launcher described in the environment.
 
         A replacement started by ``torchnext run`` (``TORCHNEXT_JOIN=1``) joins the
         running group and heals at its first step; initial members create the group.
+        ``state`` registers more entries by name (see :meth:`register`).
         """
         from torchnext._env import TORCHNEXT_JOIN, TORCHNEXT_MEMBER_ID, TORCHNEXT_STORE_ADDR
         from torchnext.distributed.launch.store import connect_store
@@ -209,10 +175,17 @@ class Manager:
                 store, member_id=TORCHNEXT_MEMBER_ID.get(), timeout=join_timeout
             )
             return cls(
-                group, model, optimizer, sampler, config=config, joining=True, on_event=on_event
+                group,
+                model,
+                optimizer,
+                sampler,
+                config=config,
+                joining=True,
+                on_event=on_event,
+                state=state,
             )
         group = FaultTolerantGroup.from_env()
-        return cls(group, model, optimizer, sampler, config=config, on_event=on_event)
+        return cls(group, model, optimizer, sampler, config=config, on_event=on_event, state=state)
 
     # ------------------------------------------------------------------ properties
 
@@ -270,6 +243,7 @@ class Manager:
 
     def start_step(self) -> list[int]:
         """Settle membership and healing, then return this member's sample indices."""
+        self._started = True
         while self._needs_recovery or self._needs_sync:
             try:
                 if self._needs_recovery:
@@ -288,6 +262,8 @@ class Manager:
                 # Another failure while recovering or healing: agree again.
                 self._needs_recovery = f"recovery or healing failed: {type(exc).__name__}: {exc}"
         self.optimizer.zero_grad(set_to_none=True)
+        # An aborted step is redone from the random state it started with.
+        self._step_rng = rng_state()
         return self.sampler.indices(self.rank, self.world_size)
 
     def finish_step(self, loss: torch.Tensor | None = None) -> StepResult:
@@ -309,6 +285,8 @@ class Manager:
             if not self.group.is_revoked:
                 # Wake members still blocked in this step's collectives.
                 self.group.revoke(reason)
+        if ok and self.config.check_replicas:
+            ok, reason = self._check_replicas()
         epoch, size = int(self.group.epoch), self.world_size
         decision = self._vote.decide(
             epoch=epoch,
@@ -327,8 +305,6 @@ class Manager:
         self.step += 1
         if self.step > 2:
             self._vote.cleanup(epoch, self.step - 3)
-        if self.config.check_replicas:
-            self._check_replicas()
         if decision.grow:
             self._grow()
         return StepResult(committed=True, step=self.step, loss=float(loss_buf[0]), world_size=size)
@@ -357,6 +333,8 @@ class Manager:
     def _abort(self, decision: Decision) -> StepResult:
         self._bucketer.abandon()
         self.optimizer.zero_grad(set_to_none=True)
+        if self._step_rng is not None:
+            set_rng_state(self._step_rng)
         self.steps_redone += 1
         self._emit("step_aborted", reason=decision.reason)
         self._needs_recovery = decision.reason or "step aborted"
@@ -424,31 +402,37 @@ class Manager:
     # ------------------------------------------------------------------ healing
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a joiner needs to become an identical replica."""
+        """Everything a joiner needs to become an identical replica.
+
+        Model, optimizer, sampler, registered entries (under ``"extra"``), RNG states and
+        the step count; it loads with ``torch.load(..., weights_only=True)``.
+        """
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "rng": rng_state(),
+            **self.training_state.state_dict(),
             "step": self.step,
             "steps_redone": self.steps_redone,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
+        """Load :meth:`state_dict`'s output (the same entries must be registered)."""
+        self.training_state.load_state_dict(state)
         self.step = int(state["step"])
         self.steps_redone = int(state.get("steps_redone", 0))
 
     def _sync_and_heal(self) -> None:
         """Compare committed steps; members behind receive state from one that is not."""
         size = self.world_size
-        mine = torch.tensor([self.step], dtype=torch.int64)
-        steps = torch.zeros(size, dtype=torch.int64)
-        self.group.all_gather_into_tensor(steps, mine, timeout=self.config.step_timeout)
-        step_of = steps.tolist()
+        mine = torch.tensor([self.step, self.training_state.spec_crc()], dtype=torch.int64)
+        gathered = torch.zeros(2 * size, dtype=torch.int64)
+        self.group.all_gather_into_tensor(gathered, mine, timeout=self.config.step_timeout)
+        step_of = gathered[0::2].tolist()
+        check_same_entries(
+            self.group,
+            self.training_state,
+            steps=step_of,
+            crcs=gathered[1::2].tolist(),
+            timeout=self.config.step_timeout,
+        )
         best = max(step_of)
         if best < 0:
             raise CommError(
@@ -482,7 +466,10 @@ class Manager:
                 json.dumps({"address": server.address, "token": server.token}),
             )
             served = server.serve(
-                self.state_dict(), joiners=mine_dests, timeout=self.config.heal_timeout
+                self.state_dict(),
+                joiners=mine_dests,
+                timeout=self.config.heal_timeout,
+                check_entries=self.training_state.spec_problems,
             )
             for s in served:
                 self._emit(
@@ -504,6 +491,7 @@ class Manager:
             model_spec=describe_tensors(self.model.state_dict()),
             timeout=self.config.heal_timeout,
             peer=source_id,
+            entries=self.training_state.spec(),
         )
         self.load_state_dict(state)
         self.heal_stats.append(stats)
@@ -554,18 +542,21 @@ class Manager:
             crc = zlib.crc32(memoryview(raw), crc)
         return crc
 
-    def _check_replicas(self) -> None:
-        mine = torch.tensor([self.checksum()], dtype=torch.int64)
-        everyone = torch.zeros(self.world_size, dtype=torch.int64)
+    def _check_replicas(self) -> tuple[bool, str]:
+        """(ok, reason) for the vote; raises when the replicas diverged (nothing committed)."""
         try:
-            self.group.all_gather_into_tensor(everyone, mine, timeout=self.config.step_timeout)
-        except (CommError, CommTimeoutError) as exc:
-            self._needs_recovery = f"replica check failed: {exc}"
-            return
-        self.replica_checks += 1
-        if len(set(everyone.tolist())) != 1:
+            check_replicas(
+                self.group, self.training_state, step=self.step, timeout=self.config.step_timeout
+            )
+        except (CommError, CommTimeoutError, OSError) as exc:
+            return False, f"{self.member_id}: replica check failed: {type(exc).__name__}: {exc}"
+        except ReplicaDivergenceError as exc:
             self.replica_mismatches += 1
-            self._emit("replica_mismatch", checksums=everyone.tolist())
+            self._bucketer.abandon()
+            self._emit("replica_mismatch", entries=list(exc.entries), members=list(exc.members))
+            raise
+        self.replica_checks += 1
+        return True, ""
 
     # ------------------------------------------------------------------ end
 

@@ -1,0 +1,82 @@
+"""The training manager's configuration and what it reports: config, events, step results.
+
+Use these with :class:`~torchnext.distributed.training.manager.Manager` (they are
+re-exported there and from :mod:`torchnext.distributed`). What not to assume: events are
+delivered inside the manager's calls on the training thread, except
+``failure_detected``, which comes from the thread that noticed the failure; a slow
+``on_event`` callback slows training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["ManagerConfig", "ManagerEvent", "StepResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManagerConfig:
+    """Bounds and knobs of a :class:`Manager`."""
+
+    step_timeout: timedelta = timedelta(seconds=30)
+    """Bound on a step's gradient all-reduce and commit vote (failures are detected
+    much sooner, by the group's revoke; this only catches what nothing reports)."""
+    recovery_timeout: timedelta = timedelta(seconds=30)
+    """Bound on agreeing on a new membership after a failure."""
+    heal_timeout: timedelta = timedelta(seconds=120)
+    """Bound on one state transfer to a joiner (size it for your state and network)."""
+    grow_timeout: timedelta = timedelta(seconds=30)
+    """Bound on admitting pending joiners."""
+    bucket_cap_bytes: int = 25 * 1024 * 1024
+    """Gradient bucket size; smaller buckets start communicating earlier."""
+    check_replicas: bool = False
+    """In every step, before the commit vote, compare a CRC of each replicated entry
+    (model, optimizer, sampler, registered state) across members (one pass over the
+    state and one small collective); a difference raises
+    :class:`~torchnext.errors.ReplicaDivergenceError` naming the entry, uncommitted."""
+    heal_host: str = ""
+    """Interface the healing server binds; empty means the one that reaches the store."""
+    max_recoveries: int = 1000
+    """Give up (raise) after this many membership changes in one run."""
+
+    def __post_init__(self) -> None:
+        for name in ("step_timeout", "recovery_timeout", "heal_timeout", "grow_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta) or value.total_seconds() <= 0:
+                raise ValueError(f"ManagerConfig.{name}={value!r} must be a positive timedelta.")
+        if self.bucket_cap_bytes <= 0:
+            raise ValueError(
+                f"ManagerConfig.bucket_cap_bytes={self.bucket_cap_bytes} must be positive."
+            )
+        if self.max_recoveries < 1:
+            raise ValueError(f"ManagerConfig.max_recoveries={self.max_recoveries} must be >= 1.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManagerEvent:
+    """Something the manager did or saw; handed to ``on_event``."""
+
+    kind: str
+    """``failure_detected``, ``step_aborted``, ``shrink``, ``grow``, ``healing`` (a
+    joiner starts receiving), ``healed``, ``serving_heal`` / ``served_heal`` (a healer
+    starts / finished sending), ``replica_mismatch``, ``finished``."""
+    step: int
+    epoch: int
+    world_size: int
+    member_id: str
+    time: float
+    """``time.time()`` when it happened (comparable across processes of one machine)."""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    committed: bool
+    step: int
+    """Committed steps after this one (unchanged when not committed)."""
+    loss: float
+    """Global-batch loss of the step (the all-reduced scaled sum); NaN if unknown."""
+    world_size: int
+    reason: str = ""
