@@ -30,6 +30,7 @@ __all__ = [
     "HealingRefusedError",
     "ReplicaDivergenceError",
     "TrainingStateError",
+    "OptimizerStepError",
     "WindowError",
     "WindowRevokedError",
     "FlightRecorderDumpError",
@@ -130,6 +131,10 @@ class HealingRefusedError(HealingError):
 class TrainingStateError(TorchnextError, ValueError):
     """State registered with a training Manager is unusable: a name taken twice or
     reserved, or members (a replacement included) that registered different entries."""
+
+
+class OptimizerStepError(TorchnextError, RuntimeError):
+    """The function that applies a committed training step raised (the member stops)."""
 
 
 class ReplicaDivergenceError(TorchnextError, RuntimeError):

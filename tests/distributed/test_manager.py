@@ -16,7 +16,7 @@ import torch
 
 from torchnext.distributed.launcher import EVICTED_KEY_PREFIX
 from torchnext.distributed.sampler import ElasticSampler, SamplerConfig
-from torchnext.testing import Fault, MultiProcessHarness, WorkerContext
+from torchnext.testing import Fault, MultiProcessHarness, WorkerContext, run_workers
 
 N_SAMPLES, BATCH = 192, 24
 
@@ -52,7 +52,10 @@ def _scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRSchedul
     return torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
 
 
-def _reference(steps: int, scheduler: bool = False) -> dict[str, torch.Tensor]:
+CLIP = 0.05  # below the gradient norms of this model, so clipping changes every step
+
+
+def _reference(steps: int, scheduler: bool = False, clip: bool = False) -> dict[str, torch.Tensor]:
     x, y = _data()
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -61,6 +64,8 @@ def _reference(steps: int, scheduler: bool = False) -> dict[str, torch.Tensor]:
     for _ in range(steps):
         opt.zero_grad()
         (_loss(model, x, y, sampler.global_batch()) * sampler.loss_scale()).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         sampler.commit()
         if sched is not None:
@@ -97,6 +102,20 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
         state["lr"] = sched
     if ctx.rank == cfg.get("extra_entry_rank", -1):
         state["extra_counter"] = _scheduler(torch.optim.SGD([torch.zeros(1)], lr=1.0))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if cfg.get("amp") else None
+    if scaler is not None:
+        state["scaler"] = scaler
+
+    def optimizer_step() -> None:
+        # The user's own step: unscale, clip the summed gradients, step through the scaler.
+        if scaler is not None:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
 
     def on_event(e: ManagerEvent) -> None:
         ctx.checkpoint(f"event:{e.kind}")
@@ -112,7 +131,9 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
         joining=joining,
         on_event=on_event,
         state=state,
+        optimizer_step=optimizer_step if cfg.get("clip") else None,
     )
+    reduction = cfg.get("loss_reduction", "sum")
     while manager.step < cfg["steps"]:
         ctx.checkpoint(f"step:{manager.step}")
 
@@ -120,9 +141,12 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
             # One draw per attempt: an aborted step is redone from the same random state.
             draws.setdefault(manager.step, []).append(float(torch.rand(())))
             ctx.checkpoint(f"forward:{manager.step}")
-            return _loss(model, x, y, idx)
+            loss = _loss(model, x, y, idx) / (len(idx) if reduction == "mean" else 1)
+            return scaler.scale(loss) if scaler is not None else loss
 
-        result = manager.run_step(closure)
+        result = manager.run_step(
+            closure, micro_batches=cfg.get("micro_batches", 1), loss_reduction=reduction
+        )
         if sched is not None:
             sched.step()
         if ctx.rank == cfg.get("diverge_rank", -1) and result.step == 3:
@@ -148,9 +172,11 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check(values: list[dict[str, Any]], steps: int, scheduler: bool = False) -> None:
+def _check(
+    values: list[dict[str, Any]], steps: int, scheduler: bool = False, clip: bool = False
+) -> None:
     assert values, "no worker returned"
-    reference = _reference(steps, scheduler)
+    reference = _reference(steps, scheduler, clip)
     for v in values:
         assert v["mismatches"] == 0, f"{v['member']} saw replicas differ"
         for k, ref in reference.items():
@@ -302,3 +328,59 @@ def test_joiner_with_other_registered_entries_is_refused_and_the_job_goes_on() -
     )
     result.raise_if_failed([0, 1])
     _check([result[0].value, result[1].value], 30)
+
+
+def test_own_optimizer_step_with_clipping_amp_scaler_accumulation_and_mean_loss() -> None:
+    # Mean losses over 3 micro-batches, scaled by a GradScaler, clipped after the
+    # all-reduce: the same trajectory as one process clipping the global-batch mean.
+    options = {"clip": True, "amp": True, "micro_batches": 3, "loss_reduction": "mean"}
+    result = _run(3, 10, [Fault(rank=1, at="forward:4", kind="kill")], **options)
+    assert result[1].outcome == "killed", result.describe()
+    result.raise_if_failed([0, 2])
+    _check([result[0].value, result[2].value], 10, clip=True)
+
+
+def _bad_steps(ctx: WorkerContext) -> dict[str, str]:
+    from torchnext.distributed import FaultTolerantGroup
+    from torchnext.distributed.manager import Manager
+
+    x, y = _data()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = Manager(FaultTolerantGroup.from_env(), model, opt, _sampler())
+    seen: dict[str, str] = {}
+    attempts = {
+        "vector": lambda: manager.run_step(lambda idx: model(x[idx]).sum(dim=1)),
+        "micro": lambda: manager.run_step(lambda idx: _loss(model, x, y, idx), micro_batches=0),
+        "reduction": lambda: manager.run_step(
+            lambda idx: _loss(model, x, y, idx), loss_reduction="avg"
+        ),
+        "raising_step": lambda: manager.run_step(
+            lambda idx: _loss(model, x, y, idx), optimizer_step=lambda: 1 / 0
+        ),
+    }
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+        except Exception as exc:  # noqa: BLE001 - the message is what the test reads
+            seen[name] = f"{type(exc).__name__}: {exc}"
+        manager.optimizer.zero_grad()
+    try:
+        Manager(manager.group, model, opt, _sampler(), optimizer_step="opt.step")  # type: ignore[arg-type]
+    except TypeError as exc:
+        seen["not_callable"] = str(exc)
+    manager.finish()
+    manager.group.shutdown()
+    return seen
+
+
+def test_bad_step_arguments_and_a_raising_optimizer_step_are_named() -> None:
+    result = run_workers(_bad_steps, world_size=1, timeout=timedelta(seconds=60))
+    result.raise_if_failed()
+    seen = result[0].value
+    assert seen["vector"].startswith("TypeError: run_step: the closure returned Tensor(24,)")
+    assert "micro_batches=0 must be an int >= 1" in seen["micro"]
+    assert "loss_reduction='avg'" in seen["reduction"]
+    assert seen["raising_step"].startswith("OptimizerStepError: optimizer_step=")
+    assert "ZeroDivisionError" in seen["raising_step"] and "at step 1" in seen["raising_step"]
+    assert "optimizer_step='opt.step'" in seen["not_callable"]

@@ -35,20 +35,23 @@ Per step:
    and a difference stops the job with :class:`~torchnext.errors.ReplicaDivergenceError`
    naming the entry (:mod:`.replica_check`).
 
-What not to assume: losses must be *sums* over the member's samples scaled by
-``sampler.loss_scale()`` (``run_step`` does the scaling if you return the sum); the
-manager owns ``optimizer.step()`` and ``zero_grad()``; a process whose group evicted
+What not to assume: ``run_step`` scales the closure's loss (a sum, or a mean with
+``loss_reduction="mean"``) so the all-reduced gradient is the global batch's mean;
+with ``start_step``/``finish_step`` you scale it yourself by ``sampler.loss_scale()``.
+The manager calls ``zero_grad()`` at each step's start and applies a committed step
+with ``optimizer_step`` (default ``optimizer.step``; give your own for clipping or a
+``GradScaler``), only after every member voted to commit it; a process whose group evicted
 it (it hung) gets :class:`~torchnext.errors.StaleEpochError` and should exit with
 :data:`~torchnext.distributed.launch.exits.EXIT_EVICTED` so the agent replaces it.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -59,23 +62,22 @@ from torchnext.distributed.launch.keys import EVICTED_KEY_PREFIX, FINISHED_KEY
 from torchnext.distributed.training.bucketing import GradBucketer
 from torchnext.distributed.training.commit import CommitVote, Decision
 from torchnext.distributed.training.config import ManagerConfig, ManagerEvent, StepResult
+from torchnext.distributed.training.heal_exchange import HealExchange
 from torchnext.distributed.training.healing import (
-    StateServer,
     TransferStats,
     describe_tensors,
-    fetch_state,
-    local_address_towards,
     rng_state,
     set_rng_state,
 )
 from torchnext.distributed.training.replica_check import check_replicas, check_same_entries
 from torchnext.distributed.training.sampler import ElasticSampler
 from torchnext.distributed.training.state import Stateful, TrainingState
+from torchnext.distributed.training.step import check_step_args, forward_backward
 from torchnext.errors import (
     CommError,
     CommTimeoutError,
-    HealingError,
     HealingRefusedError,
+    OptimizerStepError,
     ReplicaDivergenceError,
     StaleEpochError,
     TrainingStateError,
@@ -84,8 +86,6 @@ from torchnext.errors import (
 __all__ = ["ManagerConfig", "ManagerEvent", "StepResult", "Manager"]
 
 logger = logging.getLogger(__name__)
-
-_HEAL_KEY = "torchnext/heal"
 
 
 class Manager:
@@ -102,11 +102,19 @@ class Manager:
         joining: bool = False,
         on_event: Callable[[ManagerEvent], None] | None = None,
         state: Mapping[str, Stateful] | None = None,
+        optimizer_step: Callable[[], object] | None = None,
     ) -> None:
+        if optimizer_step is not None and not callable(optimizer_step):
+            raise TypeError(
+                f"Manager(optimizer_step={optimizer_step!r}): give a function of no arguments "
+                "that applies the step, e.g. lambda: (clip_grad_norm_(params, 1.0), opt.step())."
+            )
         self.group = group
         self.model = model
         self.optimizer = optimizer
         self.sampler = sampler
+        self.optimizer_step: Callable[[], object] = optimizer_step or optimizer.step
+        """What applies a committed step (default ``optimizer.step``)."""
         self.training_state = TrainingState(model, optimizer, sampler, state)
         """Model, optimizer, sampler and the registered entries (see :meth:`register`)."""
         self.config = config or ManagerConfig()
@@ -126,7 +134,12 @@ class Manager:
         self._needs_recovery = ""
         self._needs_sync = True
         self._first_sync = True
-        self._server: StateServer | None = None
+        self._heals = HealExchange(
+            group,
+            heal_host=self.config.heal_host,
+            timeout=self.config.heal_timeout,
+            emit=self._emit,
+        )
         self._failure_seen_epoch = -1
         self._started = False
         self._step_rng: dict[str, Any] | None = None
@@ -266,16 +279,38 @@ class Manager:
         self._step_rng = rng_state()
         return self.sampler.indices(self.rank, self.world_size)
 
-    def finish_step(self, loss: torch.Tensor | None = None) -> StepResult:
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally, without all-reducing them.
+
+        For gradient accumulation with :meth:`start_step`/:meth:`finish_step`: run every
+        micro-batch but the last under ``no_sync()``; the last backward all-reduces the
+        accumulated sums (``run_step(..., micro_batches=K)`` does this for you).
+        """
+        self._bucketer.enabled = False
+        try:
+            yield
+        finally:
+            self._bucketer.enabled = True
+
+    def finish_step(
+        self,
+        loss: torch.Tensor | float | None = None,
+        *,
+        optimizer_step: Callable[[], object] | None = None,
+    ) -> StepResult:
         """Wait for the gradients, vote, and apply the step only if every member finished it.
 
         ``loss`` is this member's scaled loss (sum over its samples times
         ``sampler.loss_scale()``); it is summed over members into the global-batch loss.
+        ``optimizer_step`` (default: the manager's, see :class:`Manager`) applies the
+        step once every member voted to commit it, with the summed gradients in
+        ``p.grad``: the place for ``clip_grad_norm_`` and ``GradScaler.step``/``update``.
         """
         ok, reason = True, ""
         loss_buf = torch.zeros(1, dtype=torch.float64)
         if loss is not None:
-            loss_buf[0] = float(loss.detach())
+            loss_buf[0] = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
         try:
             self._bucketer.finish(self.config.step_timeout)
             self.group.all_reduce(loss_buf, timeout=self.config.step_timeout)
@@ -300,7 +335,7 @@ class Manager:
         )
         if not decision.commit:
             return self._abort(decision)
-        self.optimizer.step()
+        self._apply(optimizer_step or self.optimizer_step)
         self.sampler.commit()
         self.step += 1
         if self.step > 2:
@@ -309,20 +344,60 @@ class Manager:
             self._grow()
         return StepResult(committed=True, step=self.step, loss=float(loss_buf[0]), world_size=size)
 
-    def run_step(self, closure: Callable[[list[int]], torch.Tensor]) -> StepResult:
+    def run_step(
+        self,
+        closure: Callable[[list[int]], torch.Tensor],
+        *,
+        micro_batches: int = 1,
+        loss_reduction: str = "sum",
+        optimizer_step: Callable[[], object] | None = None,
+    ) -> StepResult:
         """Run one step to commit, redoing it after failures.
 
-        ``closure(indices)`` computes the *summed* loss of this member's samples (it may be
-        an empty list) and returns it without calling ``backward``; the manager scales it,
-        runs backward (overlapping the all-reduce) and commits.
+        ``closure(indices)`` computes the loss of the given samples of this member's share
+        and returns it without calling ``backward``: their *sum* (``loss_reduction="sum"``;
+        the list may then be empty) or their *mean* (``"mean"``; never called empty). The
+        manager scales it so the all-reduced gradient is the global batch's mean, runs
+        backward (overlapping the all-reduce) and commits. With ``micro_batches=K`` the
+        share is cut into K contiguous pieces, one closure call and backward each;
+        gradients accumulate locally and only the last backward all-reduces.
+        ``optimizer_step`` is as in :meth:`finish_step`.
+
+        Equivalent Python, for one attempt (the loop redoes aborted attempts)::
+
+            idx = manager.start_step()
+            for piece in split(idx, micro_batches):        # contiguous, in order
+                w = (len(piece) if loss_reduction == "mean" else 1) * sampler.loss_scale()
+                with manager.no_sync() if piece is not last else nullcontext():
+                    (closure(piece) * w).backward()
+            manager.finish_step(total_weighted_loss, optimizer_step=optimizer_step)
         """
+        check_step_args(micro_batches, loss_reduction)
         while True:
             indices = self.start_step()
-            loss = closure(indices) * self.sampler.loss_scale()
-            loss.backward()
-            result = self.finish_step(loss)
+            loss = forward_backward(
+                closure,
+                indices,
+                micro_batches=micro_batches,
+                loss_reduction=loss_reduction,
+                loss_scale=self.sampler.loss_scale(),
+                no_sync=self.no_sync,
+            )
+            result = self.finish_step(loss, optimizer_step=optimizer_step)
             if result.committed:
                 return result
+
+    def _apply(self, optimizer_step: Callable[[], object]) -> None:
+        try:
+            optimizer_step()
+        except Exception as exc:
+            name = getattr(optimizer_step, "__qualname__", repr(optimizer_step))
+            raise OptimizerStepError(
+                f"optimizer_step={name} raised {type(exc).__name__}: {exc} at step "
+                f"{self.step + 1}, after every member voted to commit it; this member's state "
+                "is now unknown, so it stops here. Fix the function (it runs after the "
+                "gradient all-reduce, with the summed gradients in p.grad)."
+            ) from exc
 
     def _joiners_pending(self) -> bool:
         try:
@@ -454,43 +529,16 @@ class Manager:
             return
         plan = {d: sources[i % len(sources)] for i, d in enumerate(dests)}
         members = tuple(self.group.members)
-        key_base = f"{_HEAL_KEY}/{self.group.epoch}"
         if self.rank in sources:
             mine_dests = [members[d] for d, s in plan.items() if s == self.rank]
-            if not mine_dests:
-                return
-            server = self._heal_server()
-            self._emit("serving_heal", to=mine_dests)
-            self.group.store.set(
-                f"{key_base}/{self.member_id}",
-                json.dumps({"address": server.address, "token": server.token}),
-            )
-            served = server.serve(
-                self.state_dict(),
-                joiners=mine_dests,
-                timeout=self.config.heal_timeout,
-                check_entries=self.training_state.spec_problems,
-            )
-            for s in served:
-                self._emit(
-                    "served_heal",
-                    to=s.peer,
-                    bytes=s.total_bytes,
-                    seconds=s.seconds,
-                    mb_per_s=s.mb_per_s,
-                )
+            if mine_dests:
+                self._heals.serve(self.state_dict(), mine_dests, self.training_state.spec_problems)
             return
         source_id = members[plan[self.rank]]
-        self._emit("healing", source=source_id)
         t0 = time.monotonic()
-        info = self._wait_key(f"{key_base}/{source_id}", self.config.heal_timeout)
-        state, stats = fetch_state(
-            info["address"],
-            member_id=self.member_id,
-            token=info["token"],
+        state, stats = self._heals.fetch(
+            source_id,
             model_spec=describe_tensors(self.model.state_dict()),
-            timeout=self.config.heal_timeout,
-            peer=source_id,
             entries=self.training_state.spec(),
         )
         self.load_state_dict(state)
@@ -502,32 +550,6 @@ class Manager:
             seconds=time.monotonic() - t0,
             mb_per_s=stats.mb_per_s,
         )
-
-    def _heal_server(self) -> StateServer:
-        if self._server is None:
-            host = self.config.heal_host
-            if not host:
-                store = self.group.store
-                host = local_address_towards(
-                    str(getattr(store, "host", "127.0.0.1")), int(getattr(store, "port", 0))
-                )
-            self._server = StateServer(host=host)
-        return self._server
-
-    def _wait_key(self, key: str, timeout: timedelta) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout.total_seconds()
-        store = self.group.store
-        while not store.check([key]):
-            if self.group.is_revoked:
-                raise HealingError(
-                    f"{self.member_id}: group revoked while waiting for the healer ({key})"
-                )
-            if time.monotonic() > deadline:
-                raise CommTimeoutError(
-                    f"{self.member_id}: healer did not publish {key} within {timeout}"
-                )
-            time.sleep(0.005)
-        return dict(json.loads(store.get(key)))
 
     # ------------------------------------------------------------------ checks
 
@@ -568,9 +590,7 @@ class Manager:
             pass
         self._emit("finished", steps_redone=self.steps_redone, recoveries=self.recoveries)
         self._bucketer.remove()
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self._heals.close()
 
     def evicted(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the group moved on without this member (exit and be replaced)."""
