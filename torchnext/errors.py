@@ -30,6 +30,7 @@ __all__ = [
     "HealingRefusedError",
     "ReplicaDivergenceError",
     "TrainingStateError",
+    "LaunchEnvironmentError",
     "OptimizerStepError",
     "WindowError",
     "WindowRevokedError",
@@ -131,6 +132,10 @@ class HealingRefusedError(HealingError):
 class TrainingStateError(TorchnextError, ValueError):
     """State registered with a training Manager is unusable: a name taken twice or
     reserved, or members (a replacement included) that registered different entries."""
+
+
+class LaunchEnvironmentError(TorchnextError, ValueError):
+    """The process was not started the way ``from_env`` needs (``torchnext run``)."""
 
 
 class OptimizerStepError(TorchnextError, RuntimeError):

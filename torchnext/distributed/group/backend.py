@@ -40,7 +40,12 @@ from torchnext.compat.distributed_internals import (
 from torchnext.distributed.group.config import GroupConfig
 from torchnext.distributed.group.epoch import Epoch
 from torchnext.distributed.group.membership import Keys
-from torchnext.errors import CommRevokedError, CommTimeoutError, StoreUnreachableError
+from torchnext.errors import (
+    CommRevokedError,
+    CommTimeoutError,
+    LaunchEnvironmentError,
+    StoreUnreachableError,
+)
 
 __all__ = [
     "BuildConnection",
@@ -90,7 +95,19 @@ def connect_from_env(timeout: timedelta) -> tuple[dist.TCPStore, str, int]:
         if not val
     ]
     if missing:
-        raise ValueError(
+        from torchnext.distributed.launch.torchrun import torchrun_env, worker_launch_error
+
+        torchrun = torchrun_env()
+        if torchrun is not None:
+            if torchrun.rank != 0:
+                # Rank 0 says why, once. The others wait (bounded) for torchrun to stop
+                # them when rank 0 fails, so it is never stopped before it has said it.
+                time.sleep(30)
+                raise SystemExit(2)
+            raise LaunchEnvironmentError(
+                worker_launch_error(torchrun, "FaultTolerantGroup.from_env")
+            )
+        raise LaunchEnvironmentError(
             f"FaultTolerantGroup.from_env: {', '.join(missing)} unset; start the process "
             "with `torchnext run` or set them (store host:port, member id, world size)"
         )

@@ -66,6 +66,7 @@ from torchnext.distributed.launch.store import (
     host_store,
     say_goodbye,
 )
+from torchnext.distributed.launch.torchrun import PER_PROCESS_VARIABLES
 
 __all__ = [
     "EXIT_EVICTED",
@@ -101,6 +102,9 @@ class AgentConfig:
     """``host:port`` every node's workers use to reach the store (multi-node). The agent
     with ``node_rank == 0`` hosts it on that port, bound to ``store_host``; the others
     connect to it. Empty: host one here on ``store_host:store_port`` (single node)."""
+    store_hosted_elsewhere: bool = False
+    """The store at ``store_addr`` is hosted by someone else (torchrun's agent, when
+    torchrun started this one): every agent connects, none hosts or waits for goodbyes."""
     node_rank: int = 0
     """This agent's index among the agents of a job (member ids are ``n{node}w{i}``)."""
     world_size: int = 0
@@ -131,6 +135,11 @@ class AgentConfig:
             raise ValueError(
                 f"AgentConfig.world_size={self.world_size} is smaller than nproc={self.nproc}; "
                 "world_size counts the workers of all agents."
+            )
+        if self.store_hosted_elsewhere and not self.store_addr:
+            raise ValueError(
+                "AgentConfig.store_hosted_elsewhere=True needs store_addr, the host:port "
+                "of that store."
             )
         if self.store_addr and ":" not in self.store_addr:
             raise ValueError(f"AgentConfig.store_addr={self.store_addr!r} must be host:port.")
@@ -214,7 +223,7 @@ class Agent:
     def start(self) -> None:
         """Host or connect to the store, then start every worker."""
         cfg = self.config
-        if cfg.store_addr and cfg.node_rank == 0:
+        if cfg.store_addr and cfg.node_rank == 0 and not cfg.store_hosted_elsewhere:
             # Multi-node, every node with the same command line: node 0 hosts the store
             # at the shared endpoint's port, bound to store_host.
             port = int(cfg.store_addr.rpartition(":")[2])
@@ -241,6 +250,8 @@ class Agent:
         cfg = self.config
         error_file = Path(self._tmp.name) / f"{member_id}.error"
         env = dict(os.environ)
+        for name in PER_PROCESS_VARIABLES:  # torchrun's values are this agent's, not the worker's
+            env.pop(name, None)
         env.update(cfg.extra_env)
         env[TORCHNEXT_STORE_ADDR.name] = self.store_addr
         env[TORCHNEXT_MEMBER_ID.name] = member_id

@@ -13,11 +13,15 @@ other nodes reach, or ``0.0.0.0``); the other agents connect to it::
     torchnext run --nproc 8 --nnodes 2 --node-rank 1 --store-addr node0:29600 --store-host 0.0.0.0 train.py
 
 Alongside torchrun (when a scheduler already wraps jobs in torchrun): let torchrun start
-exactly one agent per node, and let the agent start and replace the workers::
+exactly one agent per node, and let the agent start and replace the workers. The agent
+reads the node count, its node rank and the store from torchrun's environment (the job's
+store is torchrun's, at ``MASTER_ADDR:MASTER_PORT``; no agent hosts one)::
 
-    torchrun --nnodes 2 --nproc-per-node 1 --no-python sh -c \
-        'torchnext run --nproc 8 --nnodes 2 --node-rank "$GROUP_RANK" \
-                       --store-addr node0:29600 --store-host 0.0.0.0 train.py'
+    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-endpoint node0:29500 ... \
+        -m torchnext -- run --nproc 8 train.py
+
+The ``--`` keeps torchrun from reading torchnext's flags (several have the same names).
+Flags given to ``torchnext run`` win over what torchrun's environment says.
 
 At the end, node 0's agent keeps the store up until every other agent has said
 goodbye (or has shown no sign of life for 30 s), so no node loses the store while its
@@ -44,9 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-restarts", type=int, default=3, help="replacements allowed in all (default 3)"
     )
-    parser.add_argument("--nnodes", type=int, default=1, help="agents in the job (one per node)")
     parser.add_argument(
-        "--node-rank", type=int, default=0, help="this agent's index among the nodes"
+        "--nnodes", type=int, default=None, help="agents in the job, one per node (default 1)"
+    )
+    parser.add_argument(
+        "--node-rank", type=int, default=None, help="this agent's index among the nodes (default 0)"
     )
     parser.add_argument(
         "--store-host",
@@ -69,10 +75,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
+def _from_torchrun(args: argparse.Namespace) -> str | None:
+    """Fill unset flags from torchrun's environment; an error text when it is unusable."""
+    from torchnext.distributed.launch.torchrun import torchrun_env
+
+    try:
+        torchrun = torchrun_env()
+    except ValueError as exc:
+        return str(exc)
+    args.store_hosted_elsewhere = False
+    if torchrun is None:
+        args.nnodes = 1 if args.nnodes is None else args.nnodes
+        args.node_rank = 0 if args.node_rank is None else args.node_rank
+        return None
+    if torchrun.local_world_size != 1:
+        return (
+            f"torchrun started {torchrun.local_world_size} agents on this node; give torchrun "
+            "--nproc-per-node 1 (the agent starts the --nproc workers itself)"
+        )
+    if args.nnodes is None:
+        args.nnodes = torchrun.group_world_size
+    if args.node_rank is None:
+        args.node_rank = torchrun.group_rank
+    if not args.store_addr:
+        args.store_addr = torchrun.store_addr
+        args.store_hosted_elsewhere = True
+    print(
+        f"torchnext run: under torchrun (run {torchrun.run_id or '?'}): node {args.node_rank} "
+        f"of {args.nnodes}, store {args.store_addr}",
+        file=sys.stderr,
+    )
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     from torchnext.distributed.launch.agent import Agent, AgentConfig
     from torchnext.errors import StoreUnreachableError
 
+    problem = _from_torchrun(args)
+    if problem is not None:
+        print(f"torchnext run: {problem}", file=sys.stderr)
+        return 2
     try:
         config = AgentConfig(
             nproc=args.nproc,
@@ -80,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
             store_host=args.store_host,
             store_port=args.store_port,
             store_addr=args.store_addr,
+            store_hosted_elsewhere=args.store_hosted_elsewhere,
             node_rank=args.node_rank,
             world_size=args.nproc * args.nnodes,
             nnodes=args.nnodes,
