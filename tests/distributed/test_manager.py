@@ -120,11 +120,19 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
     def on_event(e: ManagerEvent) -> None:
         ctx.checkpoint(f"event:{e.kind}")
 
+    sampler = _sampler()
+    loader = None
+    if cfg.get("loader"):
+        data = torch.utils.data.TensorDataset(x, y, torch.arange(N_SAMPLES))
+        loader = torch.utils.data.DataLoader(
+            data, batch_sampler=sampler, num_workers=2, prefetch_factor=2
+        )
+    fed: dict[int, tuple[int, int, list[int]]] = {}
     manager = Manager(
         group,
         model,
         opt,
-        _sampler(),
+        sampler,
         config=ManagerConfig(
             check_replicas=True, step_timeout=timedelta(seconds=20), bucket_cap_bytes=512
         ),
@@ -144,9 +152,18 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
             loss = _loss(model, x, y, idx) / (len(idx) if reduction == "mean" else 1)
             return scaler.scale(loss) if scaler is not None else loss
 
-        result = manager.run_step(
-            closure, micro_batches=cfg.get("micro_batches", 1), loss_reduction=reduction
-        )
+        def batch_closure(batch: list[torch.Tensor]) -> torch.Tensor:
+            xb, yb, ids = batch
+            fed[manager.step] = (manager.rank, manager.world_size, ids.tolist())
+            ctx.checkpoint(f"forward:{manager.step}")
+            return torch.nn.functional.cross_entropy(model(xb), yb, reduction="sum")
+
+        if loader is not None:
+            result = manager.run_step(batch_closure, batches=loader)
+        else:
+            result = manager.run_step(
+                closure, micro_batches=cfg.get("micro_batches", 1), loss_reduction=reduction
+            )
         if sched is not None:
             sched.step()
         if ctx.rank == cfg.get("diverge_rank", -1) and result.step == 3:
@@ -166,6 +183,7 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
         "healed": len(manager.heal_stats),
         "world": manager.world_size,
         "draws": draws,
+        "fed": {s: f for s, f in fed.items() if s < manager.step},
         "lr": opt.param_groups[0]["lr"],
     }
     group.shutdown()
@@ -347,13 +365,21 @@ def _bad_steps(ctx: WorkerContext) -> dict[str, str]:
     x, y = _data()
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    manager = Manager(FaultTolerantGroup.from_env(), model, opt, _sampler())
+    sampler = _sampler()
+    manager = Manager(FaultTolerantGroup.from_env(), model, opt, sampler)
     seen: dict[str, str] = {}
+    data = torch.utils.data.TensorDataset(x, y)
+    plain_loader = torch.utils.data.DataLoader(data, batch_size=4)
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
     attempts = {
         "vector": lambda: manager.run_step(lambda idx: model(x[idx]).sum(dim=1)),
         "micro": lambda: manager.run_step(lambda idx: _loss(model, x, y, idx), micro_batches=0),
         "reduction": lambda: manager.run_step(
             lambda idx: _loss(model, x, y, idx), loss_reduction="avg"
+        ),
+        "loader_wrong": lambda: manager.run_step(lambda b: b[0].sum(), batches=plain_loader),
+        "loader_micro": lambda: manager.run_step(
+            lambda b: b[0].sum(), batches=loader, micro_batches=2
         ),
         "raising_step": lambda: manager.run_step(
             lambda idx: _loss(model, x, y, idx), optimizer_step=lambda: 1 / 0
@@ -384,3 +410,24 @@ def test_bad_step_arguments_and_a_raising_optimizer_step_are_named() -> None:
     assert seen["raising_step"].startswith("OptimizerStepError: optimizer_step=")
     assert "ZeroDivisionError" in seen["raising_step"] and "at step 1" in seen["raising_step"]
     assert "optimizer_step='opt.step'" in seen["not_callable"]
+    assert "batch_sampler is BatchSampler, not the manager's ElasticSampler" in seen["loader_wrong"]
+    assert "a loader's batch cannot be split" in seen["loader_micro"]
+
+
+def test_dataloader_workers_feed_the_steps_and_refill_after_a_shrink() -> None:
+    # Two loader workers prefetch shares split for 3 members; a member dies, and the
+    # survivors' prefetched shares are wrong for 2: they are loaded again, re-split.
+    result = _run(3, 14, [Fault(rank=1, at="forward:5", kind="kill")], loader=True)
+    assert result[1].outcome == "killed", result.describe()
+    result.raise_if_failed([0, 2])
+    values = [result[0].value, result[2].value]
+    _check(values, 14)  # the same trajectory as index mode and the reference
+    reference = _sampler()
+    for step in range(14):
+        for v in values:  # each committed step trained on exactly its share, no more
+            rank, world, ids = v["fed"][step]
+            assert ids == reference.indices(rank, world), (v["member"], step)
+        if step >= 6:  # after the shrink the survivors' shares cover the global batch
+            covered = sorted(i for v in values for i in v["fed"][step][2])
+            assert covered == sorted(reference.global_batch()), step
+        reference.commit()

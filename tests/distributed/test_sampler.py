@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +94,37 @@ def test_config_validation_names_the_field() -> None:
         SamplerConfig(dataset_size=10, global_batch_size=0)
     with pytest.raises(ValueError, match="dataset_size"):
         SamplerConfig(dataset_size=0, global_batch_size=1)
+
+
+def test_iteration_yields_the_bound_members_shares_from_the_committed_position() -> None:
+    sampler = ElasticSampler(SamplerConfig(dataset_size=10, global_batch_size=4, seed=2))
+    assert isinstance(sampler, torch.utils.data.Sampler) and len(sampler) == 3
+    sampler.commit()  # one step committed: iteration starts at the second
+    sampler.bind(1, 3)
+    it = iter(sampler)
+    got = [next(it) for _ in range(4)]  # steps 2 and 3 of epoch 0, then epoch 1
+    reference = ElasticSampler(SamplerConfig(dataset_size=10, global_batch_size=4, seed=2))
+    reference.commit()
+    expected = []
+    for _ in range(4):
+        expected.append(reference.indices(1, 3))
+        reference.commit()
+    assert got == expected
+    assert [p[:2] for p in sampler.issued] == [(0, 4), (0, 8), (1, 0), (1, 4)]
+    assert sampler.position() == (0, 4, 1, 3)  # iterating commits nothing
+    with pytest.raises(ValueError, match="rank=3 is outside"):
+        sampler.bind(3, 3)
+
+
+def test_empty_shares_are_skipped_and_a_member_that_never_gets_one_is_named() -> None:
+    sampler = ElasticSampler(SamplerConfig(dataset_size=5, global_batch_size=2, shuffle=False))
+    sampler.bind(1, 2)  # steps of 2, 2 and 1 samples: member 1 has none in the third
+    it = iter(sampler)
+    assert [next(it) for _ in range(3)] == [[1], [3], [1]]  # then epoch 1 begins again
+    assert [p[:2] for p in sampler.issued] == [(0, 0), (0, 2), (1, 0)]
+    sampler.bind(2, 3)  # a batch of 2 over 3 members: member 2 never gets a sample
+    with pytest.raises(ValueError, match="member 2 of 3 gets no sample in any step"):
+        next(iter(sampler))
+    loader = torch.utils.data.DataLoader(list(range(5)), batch_sampler=sampler)
+    sampler.bind(0, 2)
+    assert next(iter(loader)).tolist() == [0]

@@ -50,15 +50,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from torchnext.distributed.group.fault_tolerant_group import FaultTolerantGroup
-from torchnext.distributed.launch.keys import EVICTED_KEY_PREFIX, FINISHED_KEY
+from torchnext.distributed.launch.keys import FINISHED_KEY
 from torchnext.distributed.training.bucketing import GradBucketer
 from torchnext.distributed.training.commit import CommitVote, Decision
 from torchnext.distributed.training.config import ManagerConfig, ManagerEvent, StepResult
@@ -69,9 +69,11 @@ from torchnext.distributed.training.healing import (
     rng_state,
     set_rng_state,
 )
+from torchnext.distributed.training.loader import LoaderFeed, run_batch
+from torchnext.distributed.training.membership_change import admit_joiners, shrink_to_survivors
 from torchnext.distributed.training.replica_check import check_replicas, check_same_entries
 from torchnext.distributed.training.sampler import ElasticSampler
-from torchnext.distributed.training.state import Stateful, TrainingState
+from torchnext.distributed.training.state import Stateful, TrainingState, fingerprint
 from torchnext.distributed.training.step import check_step_args, forward_backward
 from torchnext.errors import (
     CommError,
@@ -142,6 +144,7 @@ class Manager:
         )
         self._failure_seen_epoch = -1
         self._started = False
+        self._feed: LoaderFeed | None = None
         self._step_rng: dict[str, Any] | None = None
         group.add_revoke_callback(self._on_revoke)
 
@@ -351,6 +354,7 @@ class Manager:
         micro_batches: int = 1,
         loss_reduction: str = "sum",
         optimizer_step: Callable[[], object] | None = None,
+        batches: DataLoader[Any] | None = None,
     ) -> StepResult:
         """Run one step to commit, redoing it after failures.
 
@@ -361,7 +365,9 @@ class Manager:
         backward (overlapping the all-reduce) and commits. With ``micro_batches=K`` the
         share is cut into K contiguous pieces, one closure call and backward each;
         gradients accumulate locally and only the last backward all-reduces.
-        ``optimizer_step`` is as in :meth:`finish_step`.
+        ``optimizer_step`` is as in :meth:`finish_step`. With ``batches=loader`` (a
+        ``DataLoader`` whose ``batch_sampler`` is this manager's sampler) the closure gets
+        the loader's batch of this member's share instead of indices (:mod:`.loader`).
 
         Equivalent Python, for one attempt (the loop redoes aborted attempts)::
 
@@ -373,19 +379,42 @@ class Manager:
             manager.finish_step(total_weighted_loss, optimizer_step=optimizer_step)
         """
         check_step_args(micro_batches, loss_reduction)
+        feed = self._loader_feed(batches, micro_batches)
         while True:
             indices = self.start_step()
-            loss = forward_backward(
-                closure,
-                indices,
-                micro_batches=micro_batches,
-                loss_reduction=loss_reduction,
-                loss_scale=self.sampler.loss_scale(),
-                no_sync=self.no_sync,
-            )
+            if feed is not None:
+                batch = feed.batch(self.rank, self.world_size, empty=not indices)
+                loss = run_batch(
+                    closure,
+                    batch,
+                    share=len(indices),
+                    loss_reduction=loss_reduction,
+                    loss_scale=self.sampler.loss_scale(),
+                )
+            else:
+                loss = forward_backward(
+                    closure,
+                    indices,
+                    micro_batches=micro_batches,
+                    loss_reduction=loss_reduction,
+                    loss_scale=self.sampler.loss_scale(),
+                    no_sync=self.no_sync,
+                )
             result = self.finish_step(loss, optimizer_step=optimizer_step)
             if result.committed:
                 return result
+
+    def _loader_feed(self, loader: DataLoader[Any] | None, micro_batches: int) -> LoaderFeed | None:
+        if loader is None:
+            return None
+        if micro_batches != 1:
+            raise ValueError(
+                f"run_step(batches=loader, micro_batches={micro_batches}): a loader's batch "
+                "cannot be split; use index mode (no batches=) for micro-batches."
+            )
+        if self._feed is None or self._feed.loader is not loader:
+            self._feed = LoaderFeed(loader, self.sampler)
+        return self._feed
 
     def _apply(self, optimizer_step: Callable[[], object]) -> None:
         try:
@@ -431,48 +460,17 @@ class Manager:
                 f"{self.member_id}: gave up after {self.config.max_recoveries} membership changes; "
                 f"last reason: {reason}. Raise ManagerConfig.max_recoveries if this is expected."
             )
-        t0 = time.monotonic()
-        if not self.group.is_revoked:
-            self.group.revoke(reason)
-        decision = self.group.shrink(timeout=self.config.recovery_timeout)
-        removed = list(decision.failed)
-        for member in removed:
-            try:
-                self.group.store.set(EVICTED_KEY_PREFIX + member, "1")
-            except Exception:  # noqa: BLE001 - the agent's cleanup is best effort
-                pass
+        timeout = self.config.recovery_timeout
+        shrink_to_survivors(self.group, reason=reason, timeout=timeout, emit=self._emit)
         self._needs_recovery = ""
         self._needs_sync = True
-        self._emit(
-            "shrink",
-            removed=removed,
-            members=list(self.group.members),
-            reason=reason,
-            seconds=time.monotonic() - t0,
-        )
 
     def _grow(self) -> None:
-        t0 = time.monotonic()
-        try:
-            decision = self.group.grow(timeout=self.config.grow_timeout)
-        except (CommError, CommTimeoutError) as exc:
-            if isinstance(exc, StaleEpochError):
-                raise
-            self._needs_recovery = f"grow failed: {exc}"
-            return
-        self._needs_sync = True
-        for member in decision.failed:
-            try:
-                self.group.store.set(EVICTED_KEY_PREFIX + member, "1")
-            except Exception:  # noqa: BLE001 - the agent's cleanup is best effort
-                pass
-        self._emit(
-            "grow",
-            added=list(decision.joined),
-            removed=list(decision.failed),
-            members=list(decision.members),
-            seconds=time.monotonic() - t0,
-        )
+        failure = admit_joiners(self.group, timeout=self.config.grow_timeout, emit=self._emit)
+        if failure:
+            self._needs_recovery = failure
+        else:
+            self._needs_sync = True
 
     # ------------------------------------------------------------------ healing
 
@@ -555,14 +553,9 @@ class Manager:
 
     def checksum(self) -> int:
         """CRC32 of every parameter, buffer and optimizer-state tensor (bit-exact fingerprint)."""
-        crc = 0
-        tensors = list(self.model.state_dict().values())
-        for state in self.optimizer.state.values():
-            tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
-        for t in tensors:
-            raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-            crc = zlib.crc32(memoryview(raw), crc)
-        return crc
+        opt_tensors = [v for st in self.optimizer.state.values() for v in st.values()]
+        tensors = [*self.model.state_dict().values(), *opt_tensors]
+        return fingerprint([t for t in tensors if isinstance(t, torch.Tensor)])
 
     def _check_replicas(self) -> tuple[bool, str]:
         """(ok, reason) for the vote; raises when the replicas diverged (nothing committed)."""

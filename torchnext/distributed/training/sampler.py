@@ -12,17 +12,32 @@ whatever the sequence of world sizes; and the gradient of a step, normalised by 
 global batch size (see :meth:`ElasticSampler.loss_scale`), does not depend on how
 many members shared it.
 
+It is also a ``torch.utils.data.Sampler`` of index lists, for a ``DataLoader``'s
+``batch_sampler`` (workers, prefetch and ``pin_memory`` included): iterating it yields
+this member's share of every step from the committed position on, for the membership
+it is bound to (:meth:`ElasticSampler.bind`), and records each yielded list's step in
+:attr:`ElasticSampler.issued`. :meth:`Manager.run_step(..., batches=loader)
+<torchnext.distributed.training.manager.Manager.run_step>` uses that record to take
+the batch made for the step about to run, and starts the loader again from the
+committed position when a membership change made the prefetched batches wrong, so
+indices prefetched but never committed are issued again.
+
 What not to assume: the per-member split is contiguous and may be uneven by one
 sample (``global_batch_size`` need not divide by the world size); with
-``drop_last=False`` the last step of an epoch is smaller. The sampler's whole state
-is a few integers (:meth:`state_dict`), which a joining member receives while it heals.
+``drop_last=False`` the last step of an epoch is smaller. Iteration never ends (epochs
+follow each other; ``len()`` is the steps of one epoch) and empty shares are not
+yielded; keep one live iterator at a time. The sampler's whole state is a few integers
+(:meth:`state_dict`), which a joining member receives while it heals.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from torch.utils.data import Sampler
 
 __all__ = ["SamplerConfig", "ElasticSampler", "split_range"]
 
@@ -75,29 +90,52 @@ def split_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
-class ElasticSampler:
+Position = tuple[int, int, int, int]
+"""``(epoch, cursor, rank, world_size)``: which step's share an index list is."""
+
+
+class ElasticSampler(Sampler[list[int]]):
     """Per-step global batches of a seeded permutation, split over the current members."""
 
     def __init__(self, config: SamplerConfig) -> None:
+        super().__init__()
         self.config = config
         self.epoch = 0
         self.cursor = 0
         """Samples of the current epoch already consumed by committed steps."""
-        self._perm_epoch = -1
-        self._perm: torch.Tensor = torch.empty(0, dtype=torch.int64)
+        self.rank = 0
+        self.world_size = 1
+        """The membership iteration splits for (see :meth:`bind`)."""
+        self.issued: deque[Position] = deque()
+        """Positions of the index lists iteration yielded and nobody consumed yet, oldest first."""
+        self._perms: dict[int, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ queries
 
-    def _permutation(self) -> torch.Tensor:
-        if self._perm_epoch != self.epoch:
+    def _permutation(self, epoch: int | None = None) -> torch.Tensor:
+        epoch = self.epoch if epoch is None else epoch
+        if epoch not in self._perms:
             n = self.config.dataset_size
             if self.config.shuffle:
-                gen = torch.Generator().manual_seed(self.config.seed + self.epoch)
-                self._perm = torch.randperm(n, generator=gen)
+                gen = torch.Generator().manual_seed(self.config.seed + epoch)
+                perm = torch.randperm(n, generator=gen)
             else:
-                self._perm = torch.arange(n)
-            self._perm_epoch = self.epoch
-        return self._perm
+                perm = torch.arange(n)
+            if len(self._perms) >= 2:  # iteration looks at most one epoch ahead
+                self._perms.pop(min(self._perms))
+            self._perms[epoch] = perm
+        return self._perms[epoch]
+
+    def _rolled(self, epoch: int, cursor: int) -> tuple[int, int]:
+        n, b = self.config.dataset_size, self.config.global_batch_size
+        remaining = n - cursor
+        if remaining <= 0 or (self.config.drop_last and remaining < b):
+            return epoch + 1, 0
+        return epoch, cursor
+
+    def _batch_at(self, epoch: int, cursor: int) -> list[int]:
+        stop = min(cursor + self.config.global_batch_size, self.config.dataset_size)
+        return self._permutation(epoch)[cursor:stop].tolist()
 
     def steps_per_epoch(self) -> int:
         n, b = self.config.dataset_size, self.config.global_batch_size
@@ -106,8 +144,7 @@ class ElasticSampler:
     def global_batch(self) -> list[int]:
         """Indices of the next step, over all members (what every member's share comes from)."""
         self._roll_epoch_if_done()
-        stop = min(self.cursor + self.config.global_batch_size, self.config.dataset_size)
-        return self._permutation()[self.cursor : stop].tolist()
+        return self._batch_at(self.epoch, self.cursor)
 
     def indices(self, rank: int, world_size: int) -> list[int]:
         """Member ``rank``'s share of the next step's global batch for ``world_size`` members.
@@ -131,11 +168,46 @@ class ElasticSampler:
         self._roll_epoch_if_done()
 
     def _roll_epoch_if_done(self) -> None:
-        n, b = self.config.dataset_size, self.config.global_batch_size
-        remaining = n - self.cursor
-        if remaining <= 0 or (self.config.drop_last and remaining < b):
-            self.epoch += 1
-            self.cursor = 0
+        self.epoch, self.cursor = self._rolled(self.epoch, self.cursor)
+
+    # ------------------------------------------------------------------ as a torch Sampler
+
+    def bind(self, rank: int, world_size: int) -> None:
+        """Split later iterations for member ``rank`` of ``world_size`` (the manager calls it)."""
+        split_range(0, rank, world_size)  # validates both
+        self.rank, self.world_size = rank, world_size
+
+    def position(self) -> Position:
+        """The position of the next step's share for the bound membership."""
+        self._roll_epoch_if_done()
+        return (self.epoch, self.cursor, self.rank, self.world_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """This member's non-empty shares of every step from the committed position on."""
+        self.issued.clear()
+        epoch, cursor = self._rolled(self.epoch, self.cursor)
+        rank, world = self.rank, self.world_size
+        empty_run = 0
+        while True:
+            batch = self._batch_at(epoch, cursor)
+            start, stop = split_range(len(batch), rank, world)
+            if stop > start:
+                empty_run = 0
+                self.issued.append((epoch, cursor, rank, world))
+                yield batch[start:stop]
+            else:
+                empty_run += 1
+                if empty_run > self.steps_per_epoch():
+                    raise ValueError(
+                        f"ElasticSampler: member {rank} of {world} gets no sample in any step "
+                        f"(global_batch_size={self.config.global_batch_size}); iterating would "
+                        "never yield. Use fewer members or a larger global batch."
+                    )
+            epoch, cursor = self._rolled(epoch, cursor + len(batch))
+
+    def __len__(self) -> int:
+        """Steps of one epoch (iteration itself goes on through the following epochs)."""
+        return self.steps_per_epoch()
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (for loops that count epochs themselves)."""
