@@ -175,33 +175,37 @@ class Manager:
         on_event: Callable[[ManagerEvent], None] | None = None,
         join_timeout: timedelta = timedelta(seconds=120),
         state: Mapping[str, Stateful] | None = None,
+        optimizer_step: Callable[[], object] | None = None,
     ) -> Manager:
         """Create or join the group the launcher described in the environment.
 
         A replacement started by ``torchnext run`` (``TORCHNEXT_JOIN=1``) joins the
         running group and heals at its first step; initial members create the group.
-        ``state`` registers more entries by name (see :meth:`register`).
+        ``state`` registers more entries by name (see :meth:`register`);
+        ``optimizer_step`` applies committed steps (see :class:`Manager`).
         """
         from torchnext._env import TORCHNEXT_JOIN, TORCHNEXT_MEMBER_ID, TORCHNEXT_STORE_ADDR
         from torchnext.distributed.launch.store import connect_store
 
-        if TORCHNEXT_JOIN.get():
+        joining = bool(TORCHNEXT_JOIN.get())
+        if joining:
             store = connect_store(TORCHNEXT_STORE_ADDR.get(), timedelta(seconds=30))
             group = FaultTolerantGroup.join(
                 store, member_id=TORCHNEXT_MEMBER_ID.get(), timeout=join_timeout
             )
-            return cls(
-                group,
-                model,
-                optimizer,
-                sampler,
-                config=config,
-                joining=True,
-                on_event=on_event,
-                state=state,
-            )
-        group = FaultTolerantGroup.from_env()
-        return cls(group, model, optimizer, sampler, config=config, on_event=on_event, state=state)
+        else:
+            group = FaultTolerantGroup.from_env()
+        return cls(
+            group,
+            model,
+            optimizer,
+            sampler,
+            config=config,
+            joining=joining,
+            on_event=on_event,
+            state=state,
+            optimizer_step=optimizer_step,
+        )
 
     # ------------------------------------------------------------------ properties
 
