@@ -35,6 +35,7 @@ def test_agent_replaces_killed_rank0_and_training_matches_reference(tmp_path: Pa
         max_restarts=2,
         log_dir=str(tmp_path / "logs"),
         term_grace=timedelta(seconds=2),
+        events_file=str(tmp_path / "events.jsonl"),
         extra_env={"TORCHNEXT_HEARTBEAT_TIMEOUT": "3"},  # no spurious evictions under load
     )
     with Agent(command, config, on_event=events.append) as agent:
@@ -74,3 +75,16 @@ def test_agent_replaces_killed_rank0_and_training_matches_reference(tmp_path: Pa
     for k, ref in ref_state.items():
         torch.testing.assert_close(final[k], ref, rtol=1e-4, atol=1e-5)
     assert any("killed by SIGKILL" in e.message for e in events)
+    # The launcher says what happened to the job, each fault and shrink once.
+    job_lines = [e.message for e in events if e.kind == "job"]
+    for prefix in ("fault:", "shrink:", "grow:", "heal:", "recovered:"):
+        assert any(m.startswith(prefix) for m in job_lines), (prefix, job_lines)
+    assert sum(m.startswith("shrink:") for m in job_lines) == 1, job_lines
+    assert sum(m.startswith("fault:") for m in job_lines) == 1, job_lines
+    assert any("n0w0.r1 received" in m for m in job_lines if m.startswith("heal:")), job_lines
+    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    sources = {r["source"] for r in records}
+    assert sources == {"agent", "worker"}, sources
+    worker_kinds = {r["kind"] for r in records if r["source"] == "worker"}
+    assert {"failure_detected", "shrink", "grow", "healed", "recovered"} <= worker_kinds
+    assert any(r["kind"] == "exited" for r in records if r["source"] == "agent")

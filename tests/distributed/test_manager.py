@@ -96,6 +96,7 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     crcs: dict[int, int] = {}
     draws: dict[int, list[float]] = {}
+    timings: dict[int, tuple[float, float, float, float]] = {}
     state: dict[str, Any] = {}
     sched = _scheduler(opt) if cfg.get("scheduler") else None
     if sched is not None:
@@ -169,6 +170,12 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
         if ctx.rank == cfg.get("diverge_rank", -1) and result.step == 3:
             opt.param_groups[0]["lr"] *= 0.5  # a change on one member only
         crcs[result.step] = manager.checksum()
+        timings[result.step] = (
+            result.compute_s,
+            result.allreduce_s,
+            result.commit_s,
+            result.recovery_s,
+        )
     manager.finish()
     # numpy, not tensors: torch would pass tensors through shared memory, which the
     # harness's pipe cannot hand over once this process has exited.
@@ -185,6 +192,7 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
         "draws": draws,
         "fed": {s: f for s, f in fed.items() if s < manager.step},
         "lr": opt.param_groups[0]["lr"],
+        "timings": timings,
     }
     group.shutdown()
     return out
@@ -256,6 +264,11 @@ def test_kill_during_forward_is_redone_on_survivors() -> None:
     for v in values:  # the aborted step 5 was redone from the random state it began with
         assert len(v["draws"][5]) >= 2 and len(set(v["draws"][5])) == 1, v["draws"][5]
         assert all(len(d) == 1 for s, d in v["draws"].items() if s != 5)
+        # Step 6 (the redone step 5, committed) waited for the shrink; steps 2-5 did not
+        # (step 1 includes the first synchronisation).
+        timings = v["timings"]
+        assert timings[6][3] > 0 and all(timings[s][3] == 0 for s in (2, 3, 4, 5)), timings
+        assert all(t[0] > 0 and t[1] >= 0 and t[2] > 0 for t in timings.values()), timings
 
 
 def test_registered_lr_scheduler_heals_into_the_replacement() -> None:

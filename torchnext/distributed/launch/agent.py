@@ -31,6 +31,7 @@ leaves a process behind: :meth:`Agent.shutdown` terminates, then kills, every wo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -58,6 +59,7 @@ from torchnext.distributed.launch.exits import (
     exit_message,
     job_exit_code,
 )
+from torchnext.distributed.launch.job_events import JobEventReader
 from torchnext.distributed.launch.keys import EVICTED_KEY_PREFIX, FINISHED_KEY
 from torchnext.distributed.launch.store import (
     announce_alive,
@@ -82,8 +84,9 @@ __all__ = [
 
 
 EventKind = Literal[
-    "store", "started", "exited", "replacing", "gave_up", "evicting", "stopping", "detach"
+    "store", "started", "exited", "replacing", "gave_up", "evicting", "stopping", "detach", "job"
 ]
+"""``job``: a training event a worker published (fault, shrink, grow, heal, recovery)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +128,8 @@ class AgentConfig:
     agent that has neither said goodbye nor shown a sign of life (see the module docstring)."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """Added to every worker's environment."""
+    events_file: str = ""
+    """Append every agent and training event to this file as a JSON line (empty: none)."""
 
     def __post_init__(self) -> None:
         if self.nproc <= 0:
@@ -217,6 +222,10 @@ class Agent:
         self._next_alive = 0.0
         self._shown_tracebacks: dict[str, str] = {}
         """Traceback text -> the member whose exit showed it (each is printed once)."""
+        self._job_events: JobEventReader | None = None
+        self._events_out: IO[str] | None = None
+        if config.events_file:
+            self._events_out = open(config.events_file, "a", encoding="utf-8")  # noqa: SIM115
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -243,6 +252,7 @@ class Agent:
             port = int(self.store.port)  # type: ignore[attr-defined]
             self.store_addr = f"{cfg.store_host}:{port}"
             self._emit("store", f"store listening on {self.store_addr}")
+        self._job_events = JobEventReader(self.store)
         for slot in range(cfg.nproc):
             self._spawn(slot, f"n{cfg.node_rank}w{slot}", replacement=False)
 
@@ -283,21 +293,39 @@ class Agent:
     def _emit(
         self, kind: EventKind, message: str, member_id: str = "", exit: WorkerExit | None = None
     ) -> None:
-        self.on_event(
-            AgentEvent(
-                kind=kind,
-                message=message,
-                time_s=time.monotonic() - self._t0,
-                member_id=member_id,
-                exit=exit,
-            )
+        event = AgentEvent(
+            kind=kind,
+            message=message,
+            time_s=time.monotonic() - self._t0,
+            member_id=member_id,
+            exit=exit,
         )
+        if kind != "job":
+            self._write_record(
+                {"source": "agent", "kind": kind, "message": message, "member_id": member_id}
+            )
+        self.on_event(event)
+
+    def _write_record(self, record: dict[str, Any]) -> None:
+        if self._events_out is not None:
+            record = {"time_s": round(time.monotonic() - self._t0, 4), **record}
+            self._events_out.write(json.dumps(record, default=str) + "\n")
+            self._events_out.flush()
+
+    def _read_job_events(self) -> None:
+        if self._job_events is None or self._store_lost:
+            return
+        for record, line in self._job_events.poll():
+            self._write_record({"source": "worker", **record})
+            if line is not None:
+                self._emit("job", line, str(record.get("member_id", "")))
 
     # ------------------------------------------------------------------ supervision
 
     def poll(self) -> bool:
         """Handle exits and evictions once; returns False when no worker is left."""
         self._announce_alive()
+        self._read_job_events()
         for slot, worker in list(self.workers.items()):
             if self.workers.get(slot) is not worker:
                 # An exit handled earlier in this pass stopped the job, and shutdown()
@@ -466,6 +494,7 @@ class Agent:
             while self.poll():
                 time.sleep(poll_interval.total_seconds())
         finally:
+            self._read_job_events()  # what the last workers said before they exited
             self.shutdown()
         return self.exit_code()
 
@@ -540,6 +569,9 @@ class Agent:
         self.shutdown()
         self.detach()
         self._tmp.cleanup()
+        if self._events_out is not None:
+            self._events_out.close()
+            self._events_out = None
 
     def __enter__(self) -> Agent:
         return self

@@ -69,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-dir", default="", help="write each worker's output to DIR/<member>.log"
     )
     parser.add_argument(
+        "--events",
+        default="",
+        metavar="FILE",
+        help="append every fault, shrink, grow, heal, recovery and exit to FILE as JSON lines",
+    )
+    parser.add_argument(
         "-m", "--module", action="store_true", help="run SCRIPT as a module (python -m)"
     )
     parser.add_argument("script", help="training script (or module with -m)")
@@ -128,6 +134,7 @@ def main(args: argparse.Namespace) -> int:
             world_size=args.nproc * args.nnodes,
             nnodes=args.nnodes,
             log_dir=args.log_dir,
+            events_file=args.events,
             store_timeout=timedelta(seconds=30),
         )
     except ValueError as exc:

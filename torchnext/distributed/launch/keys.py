@@ -16,6 +16,8 @@ from __future__ import annotations
 __all__ = [
     "AGENT_ALIVE_KEY_PREFIX",
     "AGENT_DETACHED_KEY_PREFIX",
+    "EVENT_COUNT_KEY",
+    "EVENT_KEY_PREFIX",
     "EVICTED_KEY_PREFIX",
     "FINISHED_KEY",
 ]
@@ -32,3 +34,9 @@ AGENT_ALIVE_KEY_PREFIX = "torchnext/agent/alive/"
 
 AGENT_DETACHED_KEY_PREFIX = "torchnext/agent/detached/"
 """Prefix an agent sets when it is done with the store (suffix: its node rank)."""
+
+EVENT_COUNT_KEY = "torchnext/events/count"
+"""Counter of the training events the workers published (``store.add`` returns the index)."""
+
+EVENT_KEY_PREFIX = "torchnext/events/"
+"""Prefix of one published training event, JSON (suffix: its index, from 1)."""

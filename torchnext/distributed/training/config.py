@@ -40,6 +40,9 @@ class ManagerConfig:
     """Interface the healing server binds; empty means the one that reaches the store."""
     max_recoveries: int = 1000
     """Give up (raise) after this many membership changes in one run."""
+    publish_events: bool = True
+    """Put failures, shrinks, grows, heals and recoveries into the job's store, where
+    ``torchnext run`` prints them (a few small writes per membership change)."""
 
     def __post_init__(self) -> None:
         for name in ("step_timeout", "recovery_timeout", "heal_timeout", "grow_timeout"):
@@ -80,3 +83,12 @@ class StepResult:
     """Global-batch loss of the step (the all-reduced scaled sum); NaN if unknown."""
     world_size: int
     reason: str = ""
+    compute_s: float = 0.0
+    """From the step's start (after recovery and healing) to ``finish_step``: forward and
+    backward, with the gradient all-reduce that overlapped them."""
+    allreduce_s: float = 0.0
+    """Waiting for the rest of the gradient all-reduce and the loss (and the replica check)."""
+    commit_s: float = 0.0
+    """The commit vote and the optimizer step."""
+    recovery_s: float = 0.0
+    """Shrinking, growing and healing before this step's attempt started (0 when none)."""

@@ -48,7 +48,6 @@ it (it hung) gets :class:`~torchnext.errors.StaleEpochError` and should exit wit
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
@@ -62,6 +61,7 @@ from torchnext.distributed.launch.keys import FINISHED_KEY
 from torchnext.distributed.training.bucketing import GradBucketer
 from torchnext.distributed.training.commit import CommitVote, Decision
 from torchnext.distributed.training.config import ManagerConfig, ManagerEvent, StepResult
+from torchnext.distributed.training.events import EventReporter
 from torchnext.distributed.training.heal_exchange import HealExchange
 from torchnext.distributed.training.healing import (
     TransferStats,
@@ -86,8 +86,6 @@ from torchnext.errors import (
 )
 
 __all__ = ["ManagerConfig", "ManagerEvent", "StepResult", "Manager"]
-
-logger = logging.getLogger(__name__)
 
 
 class Manager:
@@ -142,7 +140,8 @@ class Manager:
             timeout=self.config.heal_timeout,
             emit=self._emit,
         )
-        self._failure_seen_epoch = -1
+        self._events = EventReporter(group, on_event, publish_events=self.config.publish_events)
+        self._compute_t0 = self._recovery_s = 0.0
         self._started = False
         self._feed: LoaderFeed | None = None
         self._step_rng: dict[str, Any] | None = None
@@ -224,30 +223,10 @@ class Manager:
     # ------------------------------------------------------------------ events
 
     def _emit(self, kind: str, **detail: Any) -> None:
-        event = ManagerEvent(
-            kind=kind,
-            step=self.step,
-            epoch=int(self.group.epoch),
-            world_size=self.world_size,
-            member_id=self.member_id,
-            time=time.time(),
-            detail=detail,
-        )
-        logger.info("manager %s: %s %s", self.member_id, kind, detail)
-        if self.on_event is not None:
-            try:
-                self.on_event(event)
-            except Exception:  # noqa: BLE001 - a reporting callback must not break training
-                logger.exception("on_event callback raised; ignoring")
+        self._events.emit(kind, step=self.step, **detail)
 
     def _on_revoke(self, exc: BaseException) -> None:
-        reason = str(getattr(exc, "reason", "") or exc)
-        if reason.startswith("superseded") or "was evicted" in reason:
-            return  # a planned epoch change (grow, shrink), not a failure
-        epoch = int(getattr(exc, "epoch", -1))
-        if epoch != self._failure_seen_epoch:
-            self._failure_seen_epoch = epoch
-            self._emit("failure_detected", reason=reason, revoked_epoch=epoch)
+        self._events.on_revoke(exc, step=self.step)
 
     # ------------------------------------------------------------------ communication
 
@@ -264,6 +243,8 @@ class Manager:
     def start_step(self) -> list[int]:
         """Settle membership and healing, then return this member's sample indices."""
         self._started = True
+        t0 = time.monotonic()
+        settled = not (self._needs_recovery or self._needs_sync)
         while self._needs_recovery or self._needs_sync:
             try:
                 if self._needs_recovery:
@@ -284,6 +265,8 @@ class Manager:
         self.optimizer.zero_grad(set_to_none=True)
         # An aborted step is redone from the random state it started with.
         self._step_rng = rng_state()
+        self._compute_t0 = time.monotonic()
+        self._recovery_s = 0.0 if settled else self._compute_t0 - t0
         return self.sampler.indices(self.rank, self.world_size)
 
     @contextlib.contextmanager
@@ -314,6 +297,7 @@ class Manager:
         step once every member voted to commit it, with the summed gradients in
         ``p.grad``: the place for ``clip_grad_norm_`` and ``GradScaler.step``/``update``.
         """
+        t_reduce = time.monotonic()
         ok, reason = True, ""
         loss_buf = torch.zeros(1, dtype=torch.float64)
         if loss is not None:
@@ -329,6 +313,7 @@ class Manager:
                 self.group.revoke(reason)
         if ok and self.config.check_replicas:
             ok, reason = self._check_replicas()
+        t_vote = time.monotonic()
         epoch, size = int(self.group.epoch), self.world_size
         decision = self._vote.decide(
             epoch=epoch,
@@ -347,9 +332,20 @@ class Manager:
         self.step += 1
         if self.step > 2:
             self._vote.cleanup(epoch, self.step - 3)
+        self._events.step_committed(step=self.step)
+        t_done = time.monotonic()
         if decision.grow:
             self._grow()
-        return StepResult(committed=True, step=self.step, loss=float(loss_buf[0]), world_size=size)
+        return StepResult(
+            committed=True,
+            step=self.step,
+            loss=float(loss_buf[0]),
+            world_size=size,
+            compute_s=t_reduce - self._compute_t0,
+            allreduce_s=t_vote - t_reduce,
+            commit_s=t_done - t_vote,
+            recovery_s=self._recovery_s,
+        )
 
     def run_step(
         self,
@@ -444,6 +440,7 @@ class Manager:
         if self._step_rng is not None:
             set_rng_state(self._step_rng)
         self.steps_redone += 1
+        self._events.step_failed()
         self._emit("step_aborted", reason=decision.reason)
         self._needs_recovery = decision.reason or "step aborted"
         return StepResult(
