@@ -128,3 +128,29 @@ def test_empty_shares_are_skipped_and_a_member_that_never_gets_one_is_named() ->
     loader = torch.utils.data.DataLoader(list(range(5)), batch_sampler=sampler)
     sampler.bind(0, 2)
     assert next(iter(loader)).tolist() == [0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_feed_follows_membership_changes_with_and_without_workers(
+    num_workers: int,
+) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from torchnext.distributed.training.loader import LoaderFeed
+
+    sampler = ElasticSampler(SamplerConfig(dataset_size=60, global_batch_size=6, seed=3))
+    loader = DataLoader(
+        TensorDataset(torch.arange(60)), batch_sampler=sampler, num_workers=num_workers
+    )
+    feed = LoaderFeed(loader, sampler)
+    # Member 0's view: world 3 for two steps, a redo, then world 2 (a member died), then 3.
+    plan = [(0, 3), (0, 3), (0, 2), (0, 2), (1, 3)]
+    for i, (rank, world) in enumerate(plan):
+        (got,) = feed.batch(rank, world, empty=False)
+        if i == 2:
+            again = feed.batch(rank, world, empty=False)
+            assert again[0] is got  # redone: the same batch
+        want = sampler.indices(rank, world)
+        assert got.tolist() == want, (i, got.tolist(), want)
+        sampler.commit()
+    feed.close()

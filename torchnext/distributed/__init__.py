@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from torchnext.distributed.launch.agent import Agent, AgentConfig
     from torchnext.distributed.rma import RmaWork, StoreGroup, Window, WindowConfig
     from torchnext.distributed.training.config import ManagerConfig, ManagerEvent, StepResult
+    from torchnext.distributed.training.ddp import FaultTolerantDDP
     from torchnext.distributed.training.manager import Manager
     from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
     from torchnext.distributed.training.state import Stateful
@@ -84,6 +85,7 @@ _EXPORTS = {
     "Agent": "launch.agent",
     "AgentConfig": "launch.agent",
     "ElasticSampler": "training.sampler",
+    "FaultTolerantDDP": "training.ddp",
     "Manager": "training.manager",
     "ManagerConfig": "training.config",
     "ManagerEvent": "training.config",
@@ -96,6 +98,7 @@ __all__ = [
     "Agent",
     "AgentConfig",
     "ElasticSampler",
+    "FaultTolerantDDP",
     "FaultTolerantGroup",
     "FaultTolerantProcessGroup",
     "FlightRecorder",

@@ -71,7 +71,11 @@ class LoaderFeed:
         if empty:
             return None
         issued = self.sampler.issued
-        if self._it is None or (issued and issued[0] != wanted):
+        # A loader without workers pulls its index lists only when asked (nothing is in
+        # ``issued`` yet), so a membership change is caught by the last batch's position
+        # too: its share was cut for another (rank, world size).
+        moved = self._last is not None and self._last[0][2:] != wanted[2:]
+        if self._it is None or moved or (issued and issued[0] != wanted):
             self._it = self._restart()
         batch = next(self._it)
         got = issued.popleft() if issued else None

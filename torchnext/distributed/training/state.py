@@ -240,9 +240,18 @@ class TrainingState:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "sampler": self.sampler.state_dict(),
-            "extra": {name: e.obj.state_dict() for name, e in self._entries.items()},
+            "extra": self.entries_state_dict(),
             "rng": capture_rng(),
         }
+
+    def entries_state_dict(self) -> dict[str, Any]:
+        """The registered entries' states only, by name (what a redone step rolls back)."""
+        return {name: e.obj.state_dict() for name, e in self._entries.items()}
+
+    def load_entries_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load :meth:`entries_state_dict`'s output into the same registered entries."""
+        for name, value in state.items():
+            self._entries[name].obj.load_state_dict(value)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load what :meth:`state_dict` returned; the registered names must match."""
