@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from torchnext.distributed.training.ddp import FaultTolerantDDP
     from torchnext.distributed.training.manager import Manager
     from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
+    from torchnext.distributed.training.semisync import DiLoCo, SyncConfig
     from torchnext.distributed.training.state import Stateful
 
 _EXPORTS = {
@@ -90,6 +91,8 @@ _EXPORTS = {
     "ManagerConfig": "training.config",
     "ManagerEvent": "training.config",
     "SamplerConfig": "training.sampler",
+    "DiLoCo": "training.semisync",
+    "SyncConfig": "training.semisync",
     "Stateful": "training.state",
     "StepResult": "training.config",
 }
@@ -97,6 +100,7 @@ _EXPORTS = {
 __all__ = [
     "Agent",
     "AgentConfig",
+    "DiLoCo",
     "ElasticSampler",
     "FaultTolerantDDP",
     "FaultTolerantGroup",
@@ -114,6 +118,7 @@ __all__ = [
     "Stateful",
     "StepResult",
     "StoreGroup",
+    "SyncConfig",
     "Window",
     "WindowConfig",
     "Work",
