@@ -8,24 +8,33 @@ Run it on 3 workers of this machine, kill one while it trains, and watch it go o
 Everything a real job carries heals into a replacement: the model, AdamW's moments, the
 warmup-then-cosine LR schedule, the data position (a DataLoader with 2 workers feeding
 each member's share) and the random state. Gradients are clipped after the all-reduce,
-in the optimizer step the script owns. Rank 0 saves a checkpoint every
-``--ckpt-every`` steps; a restarted job resumes from it (``torch.load`` with
-``weights_only=True``).
+in the optimizer step the script owns. Every ``--ckpt-every`` steps the lowest-ranked
+member writes a ``torch.distributed.checkpoint`` checkpoint under ``--ckpt`` (atomically,
+the last 3 kept); a job started again, after all of its processes stopped, resumes from
+the latest one on every member::
+
+    torchnext run --nproc 2 examples/fault_tolerant_transformer.py --steps 40 --ckpt-every 10
+    # Ctrl-C after step 20, run the same command again: "resumed from ... at step 20"
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from torchnext.distributed import ElasticSampler, Manager, ManagerConfig, SamplerConfig
+from torchnext.distributed import (
+    ElasticSampler,
+    Manager,
+    ManagerConfig,
+    SamplerConfig,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly box".split()
 
@@ -90,7 +99,9 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--ckpt", default="transformer.ckpt", help="checkpoint path (rank 0 writes)")
+    p.add_argument(
+        "--ckpt", default="transformer_ckpt", help="checkpoint directory (one member writes)"
+    )
     p.add_argument("--ckpt-every", type=int, default=50)
     args = p.parse_args()
 
@@ -102,7 +113,15 @@ def main() -> None:
     sampler = ElasticSampler(
         SamplerConfig(dataset_size=len(data), global_batch_size=args.global_batch)
     )
-    loader = DataLoader(data, batch_sampler=sampler, num_workers=2, prefetch_factor=2)
+    # Its own generator: starting the loader's iterator (a resumed job does it at another
+    # step) then leaves the global random state, and so dropout, as it was.
+    loader = DataLoader(
+        data,
+        batch_sampler=sampler,
+        num_workers=2,
+        prefetch_factor=2,
+        generator=torch.Generator(),
+    )
 
     def optimizer_step() -> None:  # runs once every member voted to commit the step
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -117,10 +136,11 @@ def main() -> None:
         optimizer_step=optimizer_step,
         config=ManagerConfig(check_replicas=True),  # a divergence stops the job, named
     )
-    ckpt = Path(args.ckpt)
-    if ckpt.exists() and manager.step == 0 and os.environ.get("TORCHNEXT_JOIN") != "1":
-        manager.load_state_dict(torch.load(ckpt, weights_only=True))
-        print(f"{manager.member_id}: resumed from {ckpt} at step {manager.step}", flush=True)
+    # Every member loads the latest checkpoint before the first step; a replacement
+    # started while the job runs loads nothing and heals from the live members instead.
+    resumed = load_checkpoint(manager, args.ckpt)
+    if resumed is not None:
+        print(f"{manager.member_id}: resumed from {resumed} at step {manager.step}", flush=True)
 
     def loss_of(batch: list[torch.Tensor]) -> torch.Tensor:
         x_BT, y_BT = batch
@@ -138,8 +158,8 @@ def main() -> None:
                 f"members {result.world_size}",
                 flush=True,
             )
-        if manager.rank == 0 and result.step % args.ckpt_every == 0:
-            torch.save(manager.state_dict(), ckpt)
+        if result.step % args.ckpt_every == 0:
+            save_checkpoint(manager, args.ckpt, keep=3)  # every member calls; one writes
     manager.finish()
 
 

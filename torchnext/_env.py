@@ -139,6 +139,14 @@ TORCHNEXT_JOIN = _var(
     "Set by `torchnext run` on a replacement worker: join the running group and heal "
     "from a live peer instead of creating the group.",
 )
+TORCHNEXT_SPARE = _var(
+    "TORCHNEXT_SPARE",
+    "",
+    _parse_str,
+    "Set by `torchnext run --spares` on a warm spare: its name (n0s0). The process runs "
+    "the script up to Manager.from_env, waits there for the agent to give it the member "
+    "id of a dead worker, then joins like a replacement (see torchnext.distributed.is_spare).",
+)
 TORCHNEXT_ERROR_FILE = _var(
     "TORCHNEXT_ERROR_FILE",
     "",

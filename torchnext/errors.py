@@ -30,6 +30,9 @@ __all__ = [
     "HealingRefusedError",
     "ReplicaDivergenceError",
     "TrainingStateError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CheckpointMismatchError",
     "LaunchEnvironmentError",
     "OptimizerStepError",
     "WindowError",
@@ -132,6 +135,37 @@ class HealingRefusedError(HealingError):
 class TrainingStateError(TorchnextError, ValueError):
     """State registered with a training Manager is unusable: a name taken twice or
     reserved, or members (a replacement included) that registered different entries."""
+
+
+class CheckpointError(TorchnextError, ValueError):
+    """A training checkpoint cannot be written or read: damaged, incomplete, or holding
+    values that ``torch.load(weights_only=True)`` refuses.
+
+    Attributes:
+        path: the checkpoint (or directory) concerned; empty when not known.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_checkpoint_error, (type(self), str(self), self.path))
+
+
+def _rebuild_checkpoint_error(
+    cls: type[CheckpointError], message: str, path: str
+) -> CheckpointError:
+    return cls(message, path=path)
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No complete checkpoint where one was asked for (a path or a step)."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint does not fit the manager loading it (model, optimizer, registered
+    entries or sampler differ); raised before anything is loaded."""
 
 
 class LaunchEnvironmentError(TorchnextError, ValueError):

@@ -55,7 +55,15 @@ if TYPE_CHECKING:
     from torchnext.distributed.group.membership import Membership
     from torchnext.distributed.group.work import Work
     from torchnext.distributed.launch.agent import Agent, AgentConfig
+    from torchnext.distributed.launch.spares import is_spare
     from torchnext.distributed.rma import RmaWork, StoreGroup, Window, WindowConfig
+    from torchnext.distributed.training.checkpoint import (
+        export_checkpoint,
+        latest_checkpoint,
+        load_checkpoint,
+        read_checkpoint,
+        save_checkpoint,
+    )
     from torchnext.distributed.training.config import ManagerConfig, ManagerEvent, StepResult
     from torchnext.distributed.training.ddp import FaultTolerantDDP
     from torchnext.distributed.training.manager import Manager
@@ -85,6 +93,7 @@ _EXPORTS = {
     # training and launching
     "Agent": "launch.agent",
     "AgentConfig": "launch.agent",
+    "is_spare": "launch.spares",
     "ElasticSampler": "training.sampler",
     "FaultTolerantDDP": "training.ddp",
     "Manager": "training.manager",
@@ -95,6 +104,11 @@ _EXPORTS = {
     "SyncConfig": "training.semisync",
     "Stateful": "training.state",
     "StepResult": "training.config",
+    "export_checkpoint": "training.checkpoint",
+    "latest_checkpoint": "training.checkpoint",
+    "load_checkpoint": "training.checkpoint",
+    "read_checkpoint": "training.checkpoint",
+    "save_checkpoint": "training.checkpoint",
 }
 
 __all__ = [
@@ -124,7 +138,13 @@ __all__ = [
     "Work",
     "as_process_group",
     "connect_store",
+    "export_checkpoint",
     "flight_recorder",
+    "is_spare",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "save_checkpoint",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -85,6 +85,12 @@ def connect_from_env(timeout: timedelta) -> tuple[dist.TCPStore, str, int]:
     addr = _env.TORCHNEXT_STORE_ADDR.get()
     member = _env.TORCHNEXT_MEMBER_ID.get()
     size = _env.TORCHNEXT_WORLD_SIZE.get()
+    if _env.TORCHNEXT_SPARE.get():
+        raise LaunchEnvironmentError(
+            f"FaultTolerantGroup.from_env in warm spare {_env.TORCHNEXT_SPARE.get()}: a spare "
+            "of `torchnext run --spares` gets its member id in Manager.from_env, which waits "
+            "for it; build the script on Manager.from_env, or run it without --spares"
+        )
     missing = [
         v.name
         for v, val in (

@@ -17,7 +17,10 @@ script on one machine, or as one agent per machine of a multi-node job. The agen
   never restarted; if an initial worker raised, the job is stopped (the bug would
   recur everywhere), if a replacement raised, the job goes on without it;
 * kills (SIGKILL) a worker the survivors evicted while it was hung (e.g. SIGSTOPped),
-  so that it can be replaced.
+  so that it can be replaced;
+* with ``spares`` (``--spares S``), keeps S warm spares waiting in ``Manager.from_env``
+  and hands a dead worker's replacement id to one of them instead of starting a cold
+  process (:mod:`torchnext.distributed.launch.spares`).
 
 On a multi-node job the agents leave the store in order (see
 :mod:`torchnext.distributed.launch.store`): each non-hosting agent says goodbye once
@@ -38,20 +41,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
-from torchnext._env import (
-    TORCHNEXT_ERROR_FILE,
-    TORCHNEXT_JOIN,
-    TORCHNEXT_MEMBER_ID,
-    TORCHNEXT_STORE_ADDR,
-    TORCHNEXT_WORLD_SIZE,
-)
 from torchnext.distributed.flight_recorder.exits import write_exit_record
+from torchnext.distributed.launch.config import AgentConfig, AgentEvent, EventKind
 from torchnext.distributed.launch.exits import (
     EXIT_EVICTED,
     WorkerExit,
@@ -61,6 +58,13 @@ from torchnext.distributed.launch.exits import (
 )
 from torchnext.distributed.launch.job_events import JobEventReader
 from torchnext.distributed.launch.keys import EVICTED_KEY_PREFIX, FINISHED_KEY
+from torchnext.distributed.launch.process import (
+    WorkerProcess,
+    collect_traceback,
+    signal_process,
+    start_worker,
+)
+from torchnext.distributed.launch.spares import SparePool
 from torchnext.distributed.launch.store import (
     announce_alive,
     await_goodbyes,
@@ -68,7 +72,6 @@ from torchnext.distributed.launch.store import (
     host_store,
     say_goodbye,
 )
-from torchnext.distributed.launch.torchrun import PER_PROCESS_VARIABLES
 
 __all__ = [
     "EXIT_EVICTED",
@@ -81,114 +84,6 @@ __all__ = [
     "host_store",
     "connect_store",
 ]
-
-
-EventKind = Literal[
-    "store", "started", "exited", "replacing", "gave_up", "evicting", "stopping", "detach", "job"
-]
-"""``job``: a training event a worker published (fault, shrink, grow, heal, recovery)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class AgentConfig:
-    """How an :class:`Agent` starts and supervises workers."""
-
-    nproc: int
-    """Workers this agent starts (and keeps alive)."""
-    max_restarts: int = 3
-    """Replacements this agent may start in all, over the whole run."""
-    store_host: str = "127.0.0.1"
-    """Interface the hosted store binds to; loopback by default (use ``0.0.0.0`` multi-node)."""
-    store_port: int = 0
-    """Port of the hosted store; 0 picks a free one."""
-    store_addr: str = ""
-    """``host:port`` every node's workers use to reach the store (multi-node). The agent
-    with ``node_rank == 0`` hosts it on that port, bound to ``store_host``; the others
-    connect to it. Empty: host one here on ``store_host:store_port`` (single node)."""
-    store_hosted_elsewhere: bool = False
-    """The store at ``store_addr`` is hosted by someone else (torchrun's agent, when
-    torchrun started this one): every agent connects, none hosts or waits for goodbyes."""
-    node_rank: int = 0
-    """This agent's index among the agents of a job (member ids are ``n{node}w{i}``)."""
-    world_size: int = 0
-    """Members of the whole job; 0 means ``nproc`` (a single-node job)."""
-    nnodes: int = 0
-    """Agents of the job; 0 means ``world_size / nproc`` (rounded up) with ``store_addr``,
-    else 1. The hosting agent waits for the other ones to leave before closing the store."""
-    log_dir: str = ""
-    """Folder for per-worker stdout/stderr logs; empty means workers inherit ours."""
-    store_timeout: timedelta = timedelta(seconds=30)
-    """Bound on connecting to the store."""
-    term_grace: timedelta = timedelta(seconds=5)
-    """Between SIGTERM and SIGKILL when stopping workers."""
-    finish_grace: timedelta = timedelta(seconds=10)
-    """After the first worker finishes, how long others may take before being stopped."""
-    detach_timeout: timedelta = timedelta(seconds=30)
-    """Multi-node: how long the hosting agent, when it closes, keeps the store for another
-    agent that has neither said goodbye nor shown a sign of life (see the module docstring)."""
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    """Added to every worker's environment."""
-    events_file: str = ""
-    """Append every agent and training event to this file as a JSON line (empty: none)."""
-
-    def __post_init__(self) -> None:
-        if self.nproc <= 0:
-            raise ValueError(f"AgentConfig.nproc={self.nproc} must be positive (workers to start).")
-        if self.max_restarts < 0:
-            raise ValueError(f"AgentConfig.max_restarts={self.max_restarts} must be >= 0.")
-        if self.world_size and self.world_size < self.nproc:
-            raise ValueError(
-                f"AgentConfig.world_size={self.world_size} is smaller than nproc={self.nproc}; "
-                "world_size counts the workers of all agents."
-            )
-        if self.store_hosted_elsewhere and not self.store_addr:
-            raise ValueError(
-                "AgentConfig.store_hosted_elsewhere=True needs store_addr, the host:port "
-                "of that store."
-            )
-        if self.store_addr and ":" not in self.store_addr:
-            raise ValueError(f"AgentConfig.store_addr={self.store_addr!r} must be host:port.")
-        if self.node_rank < 0:
-            raise ValueError(f"AgentConfig.node_rank={self.node_rank} must be >= 0.")
-        if self.nnodes < 0:
-            raise ValueError(f"AgentConfig.nnodes={self.nnodes} must be >= 0 (0: derived).")
-        if self.node_rank >= self.node_count:
-            raise ValueError(
-                f"AgentConfig.node_rank={self.node_rank} must be below the job's "
-                f"{self.node_count} agent(s); pass nnodes (and store_addr) for a multi-node job."
-            )
-        if self.detach_timeout < timedelta(0):
-            raise ValueError(f"AgentConfig.detach_timeout={self.detach_timeout} must be >= 0.")
-
-    @property
-    def node_count(self) -> int:
-        """Agents of the job (``nnodes``, or what ``world_size`` and ``nproc`` imply)."""
-        if self.nnodes:
-            return self.nnodes
-        if self.store_addr and self.world_size:
-            return -(-self.world_size // self.nproc)
-        return 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class AgentEvent:
-    kind: EventKind
-    message: str
-    time_s: float
-    """Seconds since the agent started."""
-    member_id: str = ""
-    exit: WorkerExit | None = None
-
-
-@dataclass
-class _Worker:
-    slot: int
-    member_id: str
-    proc: subprocess.Popen[bytes]
-    error_file: Path
-    started: float
-    log: IO[bytes] | None
-    replacement: bool
 
 
 class Agent:
@@ -208,9 +103,11 @@ class Agent:
         self.on_event = on_event or _print_event
         self.store: Any = None
         self.store_addr = ""
-        self.workers: dict[int, _Worker] = {}
+        self.workers: dict[int, WorkerProcess] = {}
         self.exits: list[WorkerExit] = []
         self.restarts = 0
+        self.spare_pool: SparePool | None = None
+        """The warm spares (``AgentConfig.spares``); their exits are in ``spare_pool.exits``."""
         self._t0 = time.monotonic()
         self._tmp = tempfile.TemporaryDirectory(prefix="torchnext-agent-")
         self._stopping = False
@@ -255,40 +152,41 @@ class Agent:
         self._job_events = JobEventReader(self.store)
         for slot in range(cfg.nproc):
             self._spawn(slot, f"n{cfg.node_rank}w{slot}", replacement=False)
+        if cfg.spares:
+            self.spare_pool = SparePool(
+                cfg.spares,
+                node_rank=cfg.node_rank,
+                store=self.store,
+                start=lambda name: self._start_process(
+                    name, slot=-1, replacement=False, spare=True
+                ),
+                emit=self._emit,
+                shown=self._shown_tracebacks,
+            )
+            self.spare_pool.fill()
 
     def _spawn(self, slot: int, member_id: str, *, replacement: bool) -> None:
-        cfg = self.config
-        error_file = Path(self._tmp.name) / f"{member_id}.error"
-        env = dict(os.environ)
-        for name in PER_PROCESS_VARIABLES:  # torchrun's values are this agent's, not the worker's
-            env.pop(name, None)
-        env.update(cfg.extra_env)
-        env[TORCHNEXT_STORE_ADDR.name] = self.store_addr
-        env[TORCHNEXT_MEMBER_ID.name] = member_id
-        env[TORCHNEXT_WORLD_SIZE.name] = str(cfg.world_size or cfg.nproc)
-        env[TORCHNEXT_JOIN.name] = "1" if replacement else "0"
-        env[TORCHNEXT_ERROR_FILE.name] = str(error_file)
-        argv = [sys.executable, str(Path(__file__).with_name("worker_entry.py")), *self.command]
-        log: IO[bytes] | None = None
-        out: int | IO[bytes] | None = None
-        if cfg.log_dir:
-            Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-            log = open(Path(cfg.log_dir) / f"{member_id}.log", "ab")  # noqa: SIM115 - closed on exit
-            out = log
-        proc = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT if log else None
-        )
-        self.workers[slot] = _Worker(
-            slot=slot,
-            member_id=member_id,
-            proc=proc,
-            error_file=error_file,
-            started=time.monotonic(),
-            log=log,
-            replacement=replacement,
-        )
+        self.workers[slot] = self._start_process(member_id, slot=slot, replacement=replacement)
         what = "replacement" if replacement else "worker"
-        self._emit("started", f"started {what} {member_id} (pid {proc.pid})", member_id)
+        pid = self.workers[slot].proc.pid
+        self._emit("started", f"started {what} {member_id} (pid {pid})", member_id)
+
+    def _start_process(
+        self, name: str, *, slot: int, replacement: bool, spare: bool = False
+    ) -> WorkerProcess:
+        cfg = self.config
+        return start_worker(
+            self.command,
+            name=name,
+            store_addr=self.store_addr,
+            world_size=cfg.world_size or cfg.nproc,
+            error_file=Path(self._tmp.name) / f"{name}.error",
+            extra_env=cfg.extra_env,
+            log_dir=cfg.log_dir,
+            slot=slot,
+            join=replacement,
+            spare=spare,
+        )
 
     def _emit(
         self, kind: EventKind, message: str, member_id: str = "", exit: WorkerExit | None = None
@@ -317,6 +215,8 @@ class Agent:
             return
         for record, line in self._job_events.poll():
             self._write_record({"source": "worker", **record})
+            if record.get("kind") == "healed" and self.spare_pool is not None:
+                self.spare_pool.healed()  # the recovery is over: start the next spare
             if line is not None:
                 self._emit("job", line, str(record.get("member_id", "")))
 
@@ -336,6 +236,7 @@ class Agent:
                 self._check_evicted(worker)
                 continue
             self._reap(worker, code)
+        self._poll_spares()
         if self._first_finish is not None and self.workers:
             if time.monotonic() - self._first_finish > self.config.finish_grace.total_seconds():
                 names = ", ".join(w.member_id for w in self.workers.values())
@@ -344,6 +245,15 @@ class Agent:
                 )
                 self.shutdown()
         return bool(self.workers)
+
+    def _poll_spares(self) -> None:
+        pool = self.spare_pool
+        if pool is None or self._stopping or self._store_lost:
+            return
+        try:
+            pool.poll(job_over=self._first_finish is not None or self._job_finished())
+        except Exception as exc:  # noqa: BLE001 - a store failure must not kill the agent
+            self._lost_store(exc)
 
     def _announce_alive(self) -> None:
         """A non-hosting agent of a multi-node job shows the hosting one it still runs."""
@@ -373,7 +283,7 @@ class Agent:
             "checks on this node",
         )
 
-    def _check_evicted(self, worker: _Worker) -> None:
+    def _check_evicted(self, worker: WorkerProcess) -> None:
         if self.store is None or self._store_lost:
             return
         key = EVICTED_KEY_PREFIX + worker.member_id
@@ -388,27 +298,18 @@ class Agent:
                 f"{worker.member_id} was evicted by the group; killing it",
                 worker.member_id,
             )
-            _signal_group(worker.proc, signal.SIGKILL)
+            signal_process(worker.proc, signal.SIGKILL)
             try:
                 self.store.delete_key(key)  # type: ignore[attr-defined]
             except Exception:  # noqa: BLE001
                 pass
 
-    def _reap(self, worker: _Worker, code: int) -> None:
+    def _reap(self, worker: WorkerProcess, code: int) -> None:
         """Forget an exited worker and report its exit (exactly once per worker)."""
         del self.workers[worker.slot]
-        tb = ""
-        if worker.error_file.exists():
-            tb = worker.error_file.read_text(encoding="utf-8", errors="replace")
-        if worker.log is not None:
-            if tb:
-                # The worker left its traceback to us (printed once, below); its log
-                # keeps a copy so that it reads whole.
-                worker.log.write(tb.encode("utf-8", errors="replace"))
-            worker.log.close()
-        self._handle_exit(worker, code, tb)
+        self._handle_exit(worker, code, collect_traceback(worker))
 
-    def _handle_exit(self, worker: _Worker, code: int, tb: str) -> None:
+    def _handle_exit(self, worker: WorkerProcess, code: int, tb: str) -> None:
         runtime = time.monotonic() - worker.started
         kind = classify_exit(code, raised=bool(tb), stopping=self._stopping)
         info = WorkerExit(
@@ -459,10 +360,12 @@ class Agent:
                 self._replacement_counter += 1
                 base = worker.member_id.split(".r")[0]
                 new_id = f"{base}.r{self._replacement_counter}"
+                restart = f"(restart {self.restarts}/{self.config.max_restarts})"
+                if self._promote_spare(worker, new_id, restart):
+                    return
                 self._emit(
                     "replacing",
-                    f"starting replacement {new_id} for {worker.member_id} "
-                    f"(restart {self.restarts}/{self.config.max_restarts})",
+                    f"starting replacement {new_id} for {worker.member_id} {restart}",
                     new_id,
                 )
                 self._spawn(worker.slot, new_id, replacement=True)
@@ -473,6 +376,28 @@ class Agent:
                     "the survivors continue without it",
                     worker.member_id,
                 )
+
+    def _promote_spare(self, dead: WorkerProcess, new_id: str, restart: str) -> bool:
+        """Hand ``new_id`` to a warm spare in ``dead``'s slot; False: none at hand."""
+        pool = self.spare_pool
+        if pool is None or self._store_lost:
+            return False
+        try:
+            spare = pool.promote(new_id)
+        except Exception as exc:  # noqa: BLE001 - a store failure: start a cold one
+            self._lost_store(exc)
+            return False
+        if spare is None:
+            return False
+        state = "" if pool.is_ready(spare) else " (still starting)"
+        self.workers[dead.slot] = replace(spare, slot=dead.slot, member_id=new_id, replacement=True)
+        self._emit(
+            "replacing",
+            f"replacing {dead.member_id} with warm spare {spare.member_id}{state} as {new_id} "
+            f"{restart}",
+            new_id,
+        )
+        return True
 
     def _job_finished(self) -> bool:
         if self.store is None or self._store_lost:
@@ -514,20 +439,24 @@ class Agent:
     def shutdown(self) -> None:
         """Stop every worker (SIGTERM, then SIGKILL after ``term_grace``); idempotent."""
         self._stopping = True
+        if self.spare_pool is not None:
+            self.spare_pool.release()  # waiting spares leave by themselves meanwhile
         live = [w for w in self.workers.values() if w.proc.poll() is None]
         for w in live:
-            _signal_group(w.proc, signal.SIGCONT)
-            _signal_group(w.proc, signal.SIGTERM)
+            signal_process(w.proc, signal.SIGCONT)
+            signal_process(w.proc, signal.SIGTERM)
         deadline = time.monotonic() + self.config.term_grace.total_seconds()
         for w in live:
             try:
                 w.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(w.proc, signal.SIGKILL)
+                signal_process(w.proc, signal.SIGKILL)
                 w.proc.wait(5)
         for w in list(self.workers.values()):
             if w.proc.poll() is not None:
                 self._reap(w, int(w.proc.returncode))
+        if self.spare_pool is not None:
+            self.spare_pool.stop(self.config.term_grace)
 
     def detach(self) -> None:
         """Leave the job's store in order, then drop it; idempotent (``close`` calls it).
@@ -578,13 +507,6 @@ class Agent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
-        os.kill(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _print_event(event: AgentEvent) -> None:

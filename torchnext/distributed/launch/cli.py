@@ -3,6 +3,10 @@
 Single machine::
 
     torchnext run --nproc 4 --max-restarts 3 train.py --lr 0.1
+    torchnext run --nproc 4 --spares 1 train.py     # a warm spare replaces a dead worker
+
+A warm spare runs the script up to ``Manager.from_env`` and waits there: code before
+that line runs in the spare too (see ``torchnext.distributed.is_spare``).
 
 Multi-node: one agent per node and one shared store endpoint, the same command line
 on every node (only ``--node-rank`` differs). Node 0's agent hosts the store at the
@@ -47,6 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, required=True, help="workers to start on this node")
     parser.add_argument(
         "--max-restarts", type=int, default=3, help="replacements allowed in all (default 3)"
+    )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        metavar="S",
+        help="warm spares to keep started on this node (script run up to Manager.from_env): "
+        "a dead worker is replaced by one within a second instead of a cold start (default 0)",
     )
     parser.add_argument(
         "--nnodes", type=int, default=None, help="agents in the job, one per node (default 1)"
@@ -126,6 +138,7 @@ def main(args: argparse.Namespace) -> int:
         config = AgentConfig(
             nproc=args.nproc,
             max_restarts=args.max_restarts,
+            spares=args.spares,
             store_host=args.store_host,
             store_port=args.store_port,
             store_addr=args.store_addr,

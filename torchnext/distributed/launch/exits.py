@@ -42,6 +42,8 @@ class WorkerExit:
     kind: ExitKind
     traceback: str = ""
     runtime_s: float = 0.0
+    role: str = "worker"
+    """``worker``, or ``spare`` for a warm spare that exited before it was assigned."""
 
     def describe(self) -> str:
         if self.kind == "finished":
@@ -60,7 +62,7 @@ class WorkerExit:
             how = "raised an exception (a bug; not restarted)"
         else:
             how = f"exited with code {self.returncode}"
-        return f"worker {self.member_id} (pid {self.pid}) {how} after {self.runtime_s:.1f} s"
+        return f"{self.role} {self.member_id} (pid {self.pid}) {how} after {self.runtime_s:.1f} s"
 
 
 def classify_exit(returncode: int, *, raised: bool, stopping: bool) -> ExitKind:

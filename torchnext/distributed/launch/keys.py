@@ -20,6 +20,7 @@ __all__ = [
     "EVENT_KEY_PREFIX",
     "EVICTED_KEY_PREFIX",
     "FINISHED_KEY",
+    "SPARE_KEY_PREFIX",
 ]
 
 EVICTED_KEY_PREFIX = "torchnext/agent/evicted/"
@@ -40,3 +41,9 @@ EVENT_COUNT_KEY = "torchnext/events/count"
 
 EVENT_KEY_PREFIX = "torchnext/events/"
 """Prefix of one published training event, JSON (suffix: its index, from 1)."""
+
+SPARE_KEY_PREFIX = "torchnext/spares/"
+"""Prefix of a warm spare's keys (suffix: its name, e.g. ``n0s0``, then ``/assign``: the
+member id the agent gives it, empty to send it away; ``/ready``: set by the spare once
+it waits; ``/beat``: the agent's liveness counter for it). See
+:mod:`~torchnext.distributed.launch.spares`."""

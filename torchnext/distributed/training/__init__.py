@@ -5,7 +5,8 @@ all-reduces gradients in buckets (:mod:`.bucketing`), votes on each step's commi
 (:mod:`.commit`), heals joiners from a live member's state (:mod:`.healing`) with
 every registered entry (:class:`Stateful` objects such as LR schedulers, :mod:`.state`),
 checks the replicas before each commit (:mod:`.replica_check`) and splits the data over
-whoever is alive (:class:`ElasticSampler`, :mod:`.sampler`).
+whoever is alive (:class:`ElasticSampler`, :mod:`.sampler`). :func:`save_checkpoint` and
+:func:`load_checkpoint` carry all of it across a full job restart (:mod:`.checkpoint`).
 
 What not to assume: names are loaded on first use; importing
 :class:`~torchnext.distributed.FaultTolerantGroup` alone never loads this package.
@@ -18,6 +19,13 @@ from typing import TYPE_CHECKING
 from torchnext._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from torchnext.distributed.training.checkpoint import (
+        export_checkpoint,
+        latest_checkpoint,
+        load_checkpoint,
+        read_checkpoint,
+        save_checkpoint,
+    )
     from torchnext.distributed.training.manager import (
         Manager,
         ManagerConfig,
@@ -36,6 +44,11 @@ __all__ = [
     "Stateful",
     "StepResult",
     "TrainingState",
+    "export_checkpoint",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "save_checkpoint",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -49,5 +62,10 @@ __getattr__, __dir__ = lazy_exports(
         "TrainingState": "state",
         "ElasticSampler": "sampler",
         "SamplerConfig": "sampler",
+        "export_checkpoint": "checkpoint",
+        "latest_checkpoint": "checkpoint",
+        "load_checkpoint": "checkpoint",
+        "read_checkpoint": "checkpoint",
+        "save_checkpoint": "checkpoint",
     },
 )

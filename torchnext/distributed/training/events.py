@@ -44,6 +44,7 @@ class EventReporter:
         self.failed_at: float | None = None
         """``time.time()`` of the failure not yet recovered from, if any."""
         self._failure_epoch = -1
+        self._failed_in_epoch = -1  # a commit in this epoch or earlier is not a recovery
 
     def emit(self, kind: str, *, step: int, **detail: Any) -> None:
         event = ManagerEvent(
@@ -81,16 +82,24 @@ class EventReporter:
         epoch = int(getattr(exc, "epoch", -1))
         if epoch != self._failure_epoch:
             self._failure_epoch = epoch
-            self.failed_at = self.failed_at or time.time()
+            self._note_failure()
             self.emit("failure_detected", step=step, reason=reason, revoked_epoch=epoch)
 
     def step_failed(self) -> None:
         """A step was aborted: recovery is timed from now unless a failure came first."""
-        self.failed_at = self.failed_at or time.time()
+        self._note_failure()
+
+    def _note_failure(self) -> None:
+        if self.failed_at is None:
+            self.failed_at = time.time()
+            self._failed_in_epoch = int(self.group.epoch)
 
     def step_committed(self, *, step: int) -> None:
-        """A step committed: the first after a failure is reported as ``recovered``."""
-        if self.failed_at is not None:
+        """A step committed: the first after a failure, in a later epoch, is ``recovered``.
+
+        A step that was committing while the failure was noticed (same epoch) is not.
+        """
+        if self.failed_at is not None and int(self.group.epoch) > self._failed_in_epoch:
             seconds = time.time() - self.failed_at
             self.failed_at = None
             self.emit("recovered", step=step, seconds=seconds)

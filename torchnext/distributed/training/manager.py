@@ -179,19 +179,22 @@ class Manager:
         """Create or join the group the launcher described in the environment.
 
         A replacement started by ``torchnext run`` (``TORCHNEXT_JOIN=1``) joins the
-        running group and heals at its first step; initial members create the group.
-        ``state`` registers more entries by name (see :meth:`register`);
-        ``optimizer_step`` applies committed steps (see :class:`Manager`).
+        running group and heals at its first step; initial members create the group. A
+        warm spare (``torchnext run --spares``) waits here, its model built, until the
+        agent gives it a dead worker's place, then joins as a replacement does
+        (:mod:`~torchnext.distributed.launch.spares`). ``state`` registers more entries
+        by name (see :meth:`register`); ``optimizer_step`` applies committed steps.
         """
         from torchnext._env import TORCHNEXT_JOIN, TORCHNEXT_MEMBER_ID, TORCHNEXT_STORE_ADDR
+        from torchnext.distributed.launch.spares import await_assignment
         from torchnext.distributed.launch.store import connect_store
 
-        joining = bool(TORCHNEXT_JOIN.get())
+        store, member_id = await_assignment() or (None, TORCHNEXT_MEMBER_ID.get())
+        joining = store is not None or bool(TORCHNEXT_JOIN.get())
         if joining:
-            store = connect_store(TORCHNEXT_STORE_ADDR.get(), timedelta(seconds=30))
-            group = FaultTolerantGroup.join(
-                store, member_id=TORCHNEXT_MEMBER_ID.get(), timeout=join_timeout
-            )
+            if store is None:
+                store = connect_store(TORCHNEXT_STORE_ADDR.get(), timedelta(seconds=30))
+            group = FaultTolerantGroup.join(store, member_id=member_id, timeout=join_timeout)
         else:
             group = FaultTolerantGroup.from_env()
         return cls(
