@@ -7,6 +7,8 @@ every registered entry (:class:`Stateful` objects such as LR schedulers, :mod:`.
 checks the replicas before each commit (:mod:`.replica_check`) and splits the data over
 whoever is alive (:class:`ElasticSampler`, :mod:`.sampler`). :func:`save_checkpoint` and
 :func:`load_checkpoint` carry all of it across a full job restart (:mod:`.checkpoint`).
+:class:`FaultTolerantDDP` puts a DDP-shaped loop on the manager (:mod:`.ddp`);
+:class:`DiLoCo` runs DiLoCo or LocalSGD rounds on it (:mod:`.semisync`).
 
 What not to assume: names are loaded on first use; importing
 :class:`~torchnext.distributed.FaultTolerantGroup` alone never loads this package.
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
         read_checkpoint,
         save_checkpoint,
     )
+    from torchnext.distributed.training.ddp import FaultTolerantDDP
     from torchnext.distributed.training.manager import (
         Manager,
         ManagerConfig,
@@ -33,16 +36,20 @@ if TYPE_CHECKING:
         StepResult,
     )
     from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
+    from torchnext.distributed.training.semisync import DiLoCo, SyncConfig
     from torchnext.distributed.training.state import Stateful, TrainingState
 
 __all__ = [
+    "DiLoCo",
     "ElasticSampler",
+    "FaultTolerantDDP",
     "Manager",
     "ManagerConfig",
     "ManagerEvent",
     "SamplerConfig",
     "Stateful",
     "StepResult",
+    "SyncConfig",
     "TrainingState",
     "export_checkpoint",
     "latest_checkpoint",
@@ -62,6 +69,9 @@ __getattr__, __dir__ = lazy_exports(
         "TrainingState": "state",
         "ElasticSampler": "sampler",
         "SamplerConfig": "sampler",
+        "FaultTolerantDDP": "ddp",
+        "DiLoCo": "semisync",
+        "SyncConfig": "semisync",
         "export_checkpoint": "checkpoint",
         "latest_checkpoint": "checkpoint",
         "load_checkpoint": "checkpoint",
