@@ -92,3 +92,49 @@ def test_validation() -> None:
     frozen = torch.nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="requires grad"):
         GradBucketer(list(frozen.parameters()), lambda t: _Done())
+
+
+@pytest.mark.parametrize("fails_in", ["forward", "backward"])
+def test_a_failure_noticed_mid_step_cuts_its_compute_short(fails_in: str) -> None:
+    model = _model()
+    failed = {"now": False}
+    ran: list[str] = []
+    for name, module in model.named_children():
+        module.register_forward_hook(lambda m, a, o, name=name: ran.append(f"fwd{name}"))
+    grads: list[int] = []
+    for i, p in enumerate(model.parameters()):
+        p.register_post_accumulate_grad_hook(lambda p, i=i: grads.append(i))
+
+    def all_reduce(t: torch.Tensor) -> Any:
+        return _Done()
+
+    bucketer = GradBucketer(
+        list(model.parameters()),
+        all_reduce,
+        bucket_cap_bytes=64,  # one bucket per parameter
+        failed=lambda: failed["now"],
+        modules=model.modules(),
+    )
+    x = torch.randn(8, 16)
+    completed = False
+    with bucketer.interruptible():
+        h = model[0](x)
+        if fails_in == "forward":
+            failed["now"] = True  # noticed by the heartbeat thread, say
+        loss = model[4](model[3](model[2](model[1](h)))).sum()
+        if fails_in == "backward":
+            grads.clear()
+            failed["now"] = True
+        loss.backward()
+        completed = True
+    assert not completed  # the block was cut short, silently
+    if fails_in == "forward":
+        assert ran == ["fwd0"] and grads == []  # stopped at the next module
+    else:
+        assert len(grads) == 1  # stopped at the first gradient after the failure
+    with pytest.raises(Exception, match="the group failed during this step's compute"):
+        bucketer.finish(timedelta(seconds=5))
+    # Outside interruptible(), nothing is checked: a plain backward runs through.
+    model.zero_grad()
+    model(x).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

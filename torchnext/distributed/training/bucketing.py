@@ -14,6 +14,12 @@ before it), so every member issues the same collectives in the same order even i
 hook timing differs. Parameters that got no gradient in a step contribute zeros when
 :meth:`GradBucketer.finish` flushes the remaining buckets.
 
+A step whose group failed while it computes is cut short: inside
+:meth:`GradBucketer.interruptible`, the next gradient hook (or, with ``modules``, the
+next module's forward) raises :class:`StepInterrupted`, which the block swallows, and
+:meth:`finish` raises the failure. Survivors so reach the recovery a layer after the
+failure is known instead of a whole forward and backward later.
+
 What not to assume: the reduction is a SUM (scale the loss so the sum is the mean you
 want: see ``ElasticSampler.loss_scale``); gradients are copied back into ``p.grad``
 only by :meth:`finish`; after a failure call :meth:`abandon` and redo the step.
@@ -23,17 +29,22 @@ Legend: ``flat_F`` is a bucket's flattened gradient buffer of F elements.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
 
-from torchnext.errors import CommTimeoutError
+from torchnext.errors import CommError, CommTimeoutError
 
-__all__ = ["GradBucketer", "Work", "AllReduceFn"]
+__all__ = ["GradBucketer", "Work", "AllReduceFn", "StepInterrupted"]
+
+
+class StepInterrupted(Exception):
+    """Raised by a hook inside :meth:`GradBucketer.interruptible` once the group failed."""
 
 
 class Work(Protocol):
@@ -62,7 +73,11 @@ class GradBucketer:
         all_reduce: AllReduceFn,
         *,
         bucket_cap_bytes: int = 25 * 1024 * 1024,
+        failed: Callable[[], bool] | None = None,
+        modules: Iterable[torch.nn.Module] = (),
     ) -> None:
+        """``failed()`` says the step's group failed (checked by the hooks inside
+        :meth:`interruptible`); ``modules`` also get a forward check."""
         if bucket_cap_bytes <= 0:
             raise ValueError(f"GradBucketer: bucket_cap_bytes={bucket_cap_bytes} must be positive.")
         trainable = [p for p in params if p.requires_grad]
@@ -94,7 +109,11 @@ class GradBucketer:
         self.enabled = True
         self.overlap_s = 0.0
         """Seconds between the first launch and :meth:`finish` in the last step (hidden comm)."""
+        self.failed = failed
+        self._watching = False
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in trainable]
+        if failed is not None:
+            self._handles += [m.register_forward_pre_hook(self._on_forward) for m in modules]
 
     def _add_bucket(self, params: list[torch.nn.Parameter]) -> None:
         numel = sum(p.numel() for p in params)
@@ -103,9 +122,31 @@ class GradBucketer:
 
     # ------------------------------------------------------------------ hooks
 
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """The step's compute; cut short (silently) once ``failed()`` (see the module docstring)."""
+        self._watching = self.failed is not None
+        try:
+            yield
+        except StepInterrupted:
+            pass  # finish() raises the failure recorded in self.error
+        finally:
+            self._watching = False
+
+    def _check_failed(self) -> None:
+        if self._watching and self.failed is not None and self.failed():
+            self._watching = False  # once: the rest of this step runs to its end, unwatched
+            if self.error is None:
+                self.error = CommError("the group failed during this step's compute")
+            raise StepInterrupted(str(self.error))
+
+    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self._check_failed()
+
     def _on_grad(self, p: torch.Tensor) -> None:
         if not self.enabled:
             return
+        self._check_failed()
         b_idx, p_idx = self._where[id(p)]
         self.buckets[b_idx].ready.add(p_idx)
         self._launch_ready()

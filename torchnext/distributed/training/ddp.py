@@ -200,7 +200,8 @@ class FaultTolerantDDP(torch.nn.Module):
             )
         _, weight = self._pending
         self._pending = None
-        (loss * weight).backward()
+        with manager.interruptible():  # a failure noticed mid-backward cuts it short
+            (loss * weight).backward()
         result = manager.finish_step(
             float(loss.detach()) * weight, optimizer_step=_applied_in_the_loop
         )

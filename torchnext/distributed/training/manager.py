@@ -69,12 +69,12 @@ from torchnext.distributed.training.healing import (
     rng_state,
     set_rng_state,
 )
-from torchnext.distributed.training.loader import LoaderFeed, run_batch
+from torchnext.distributed.training.loader import LoaderFeed
 from torchnext.distributed.training.membership_change import admit_joiners, shrink_to_survivors
 from torchnext.distributed.training.replica_check import check_replicas, check_same_entries
 from torchnext.distributed.training.sampler import ElasticSampler
 from torchnext.distributed.training.state import Stateful, TrainingState, fingerprint
-from torchnext.distributed.training.step import check_step_args, forward_backward
+from torchnext.distributed.training.step import check_step_args, compute
 from torchnext.errors import (
     CommError,
     CommTimeoutError,
@@ -130,6 +130,8 @@ class Manager:
             list(model.parameters()),
             self._all_reduce_async,
             bucket_cap_bytes=self.config.bucket_cap_bytes,
+            failed=lambda: self.group.is_revoked,
+            modules=model.modules(),
         )
         self._needs_recovery = ""
         self._needs_sync = True
@@ -286,6 +288,11 @@ class Manager:
         finally:
             self._bucketer.enabled = True
 
+    def interruptible(self) -> contextlib.AbstractContextManager[None]:
+        """Wrap a step's forward and backward: once the group fails they stop at the next
+        module or gradient (silently), and :meth:`finish_step` aborts the step."""
+        return self._bucketer.interruptible()
+
     def finish_step(
         self,
         loss: torch.Tensor | float | None = None,
@@ -385,19 +392,14 @@ class Manager:
         feed = self._loader_feed(batches, micro_batches)
         while True:
             indices = self.start_step()
-            if feed is not None:
-                batch = feed.batch(self.rank, self.world_size, empty=not indices)
-                loss = run_batch(
-                    closure,
-                    batch,
-                    share=len(indices),
-                    loss_reduction=loss_reduction,
-                    loss_scale=self.sampler.loss_scale(),
-                )
-            else:
-                loss = forward_backward(
+            batch = feed.batch(self.rank, self.world_size, empty=not indices) if feed else None
+            loss = 0.0
+            with self.interruptible():  # a failure noticed mid-step cuts its compute short
+                loss = compute(
                     closure,
                     indices,
+                    batch,
+                    from_loader=feed is not None,
                     micro_batches=micro_batches,
                     loss_reduction=loss_reduction,
                     loss_scale=self.sampler.loss_scale(),

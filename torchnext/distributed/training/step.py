@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
+from torchnext.distributed.training.loader import run_batch
 from torchnext.distributed.training.sampler import split_range
 
-__all__ = ["LOSS_REDUCTIONS", "check_step_args", "forward_backward"]
+__all__ = ["LOSS_REDUCTIONS", "check_step_args", "forward_backward", "compute"]
 
 LOSS_REDUCTIONS = ("sum", "mean")
 
@@ -77,3 +78,31 @@ def forward_backward(
             (loss * weight).backward()
         total += float(loss.detach()) * weight
     return total
+
+
+def compute(
+    closure: Callable[[Any], torch.Tensor],
+    indices: list[int],
+    batch: Any | None,
+    *,
+    from_loader: bool,
+    micro_batches: int,
+    loss_reduction: str,
+    loss_scale: float,
+    no_sync: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> float:
+    """One attempt's forward and backward: of the loader's ``batch`` (``from_loader``,
+    :func:`~torchnext.distributed.training.loader.run_batch`) or of ``indices`` in
+    micro-batches (:func:`forward_backward`); returns the weighted loss."""
+    if from_loader:
+        return run_batch(
+            closure, batch, share=len(indices), loss_reduction=loss_reduction, loss_scale=loss_scale
+        )
+    return forward_backward(
+        closure,
+        indices,
+        micro_batches=micro_batches,
+        loss_reduction=loss_reduction,
+        loss_scale=loss_scale,
+        no_sync=no_sync,
+    )
