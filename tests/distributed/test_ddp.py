@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import tiny_task
 import torch
 
 from torchnext.distributed.sampler import ElasticSampler, SamplerConfig
@@ -47,15 +48,11 @@ def test_the_fault_tolerant_example_changes_at_most_ten_lines_of_the_ddp_one() -
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1234)
-    x = torch.randn(N_SAMPLES, 12, generator=gen)
-    y = (x[:, :3].sum(dim=1) > 0).long() + (x[:, 3] > 1).long()
-    return x, y
+    return tiny_task.data(N_SAMPLES)
 
 
 def _model() -> torch.nn.Module:
-    torch.manual_seed(7)
-    return torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    return tiny_task.model()
 
 
 def _sampler() -> ElasticSampler:

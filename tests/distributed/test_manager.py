@@ -7,14 +7,13 @@ all replicas are bit-identical after every committed step.
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
+import tiny_task
 import torch
 
-from torchnext.distributed.launcher import EVICTED_KEY_PREFIX
 from torchnext.distributed.sampler import ElasticSampler, SamplerConfig
 from torchnext.testing import Fault, MultiProcessHarness, WorkerContext, run_workers
 
@@ -22,17 +21,11 @@ N_SAMPLES, BATCH = 192, 24
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1234)
-    x = torch.randn(N_SAMPLES, 12, generator=gen)
-    y = (x[:, :3].sum(dim=1) > 0).long() + (x[:, 3] > 1).long()
-    return x, y
+    return tiny_task.data(N_SAMPLES)
 
 
 def _model(ballast_numel: int = 0, width: int = 32) -> torch.nn.Module:
-    torch.manual_seed(7)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(12, width), torch.nn.Tanh(), torch.nn.Linear(width, 3)
-    )
+    model = tiny_task.model(width)
     if ballast_numel:
         # A large buffer makes the healing transfer long enough to be killed mid-way.
         model.register_buffer("ballast", torch.arange(ballast_numel, dtype=torch.float32))
@@ -78,19 +71,12 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
     from torchnext.distributed.manager import Manager, ManagerConfig, ManagerEvent
 
     joining = ctx.rank >= cfg["world"]
-    if joining:
-        # A replacement: start once the survivors evicted the victim, then join and heal.
-        victim_key = EVICTED_KEY_PREFIX + cfg["replaces"]
-        deadline = time.monotonic() + 60
-        while cfg["replaces"] and not ctx.store.check([victim_key]):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{victim_key} never appeared")
-            time.sleep(0.02)
-        group = FaultTolerantGroup.join(
-            ctx.store, member_id=ctx.member_id, timeout=timedelta(seconds=60)
-        )
-    else:
-        group = FaultTolerantGroup.from_env()
+    # A replacement starts once the survivors evicted the victim, then joins and heals.
+    group = (
+        tiny_task.join_after_eviction(ctx, cfg["replaces"])
+        if joining
+        else FaultTolerantGroup.from_env()
+    )
     x, y = _data()
     model = _model(cfg.get("ballast", 0), cfg.get("joiner_width", 32) if joining else 32)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -11,15 +11,14 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tiny_task
 import torch
 
-from torchnext.distributed.launcher import EVICTED_KEY_PREFIX
 from torchnext.distributed.sampler import ElasticSampler, SamplerConfig, split_range
 from torchnext.distributed.training.semisync import SyncConfig
 from torchnext.testing import Fault, MultiProcessHarness, WorkerContext
@@ -28,15 +27,11 @@ N_SAMPLES, H, ROUND_BATCH, ROUNDS = 480, 4, 48, 6
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1234)
-    x = torch.randn(N_SAMPLES, 12, generator=gen)
-    y = (x[:, :3].sum(dim=1) > 0).long() + (x[:, 3] > 1).long()
-    return x, y
+    return tiny_task.data(N_SAMPLES)
 
 
 def _model() -> torch.nn.Module:
-    torch.manual_seed(7)
-    return torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    return tiny_task.model()
 
 
 def _sampler() -> ElasticSampler:
@@ -97,18 +92,11 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
     from torchnext.distributed import DiLoCo, FaultTolerantGroup
 
     joining = ctx.rank >= cfg["world"]
-    if joining:
-        victim_key = EVICTED_KEY_PREFIX + cfg["replaces"]
-        deadline = time.monotonic() + 60
-        while not ctx.store.check([victim_key]):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{victim_key} never appeared")
-            time.sleep(0.02)
-        group = FaultTolerantGroup.join(
-            ctx.store, member_id=ctx.member_id, timeout=timedelta(seconds=60)
-        )
-    else:
-        group = FaultTolerantGroup.from_env()
+    group = (
+        tiny_task.join_after_eviction(ctx, cfg["replaces"])
+        if joining
+        else FaultTolerantGroup.from_env()
+    )
     x, y = _data()
     model = _model()
     inner = torch.optim.Adam(model.parameters(), lr=1e-2)
