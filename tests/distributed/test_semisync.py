@@ -105,7 +105,18 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
     )
     crcs: dict[int, int] = {}
     losses: dict[int, float] = {}
-    while diloco.rounds < cfg["rounds"]:
+    worlds: list[int] = []
+
+    def done() -> bool:
+        if diloco.rounds < cfg["rounds"]:
+            return False
+        # With a replacement coming, go on (bounded) until two rounds committed with it:
+        # every member sees the same last two world sizes, so all stop at the same round.
+        # Stopping earlier would leave a joiner admitted at the last round with nobody
+        # to heal from.
+        return not cfg["replaces"] or worlds[-2:] == [3, 3] or diloco.rounds >= 60
+
+    while not done():
         r = diloco.rounds
 
         def closure(idx: list[int], r: int = r) -> torch.Tensor:
@@ -115,6 +126,7 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
         result = diloco.run_round(closure)
         crcs[result.step] = diloco.manager.checksum()
         losses[result.step] = result.loss
+        worlds.append(result.world_size)
     diloco.finish()
     out = {
         "params": [p.detach().numpy().copy() for p in model.parameters()],
@@ -187,7 +199,7 @@ def test_a_replacement_heals_outer_momentum_and_an_inner_optimizer() -> None:
     values = [result[r].value for r in (0, 2, 3)]
     joiner = values[2]
     assert joiner["healed"] == 1 and joiner["inner_state"] > 0 and joiner["world"] == 3
-    assert min(joiner["crcs"]) < 8  # it committed rounds with the others
+    assert len(joiner["crcs"]) >= 2  # it committed rounds with the others
     by_step: dict[int, set[int]] = {}
     for v in values:
         for step, crc in v["crcs"].items():
