@@ -13,6 +13,7 @@ native 2.14.1 and of 2.13 + torchnext side by side.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import traceback
@@ -311,6 +312,11 @@ def main(argv: list[str]) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # Both ranks hash strings alike: DTensor picks among equal-cost redistributions in
+    # set order, and with per-process hash seeds the two ranks could pick different
+    # collectives for one case (aten.sum.out on a Partial input did, about one run in
+    # three) and wait on each other until gloo's timeout broke every later case.
+    os.environ["PYTHONHASHSEED"] = "0"
     mp.start_processes(
         _worker, args=(port, out_path, backport, only), nprocs=2, start_method="spawn"
     )
