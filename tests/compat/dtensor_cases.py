@@ -300,6 +300,9 @@ def _worker(rank: int, port: int, out_path: str, backport: bool, only: list[str]
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"torch": torch.__version__, "records": records}, f)
+    # Leave together: a rank that tears gloo down while its peer still talks to it can
+    # abort at exit ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
