@@ -8,6 +8,7 @@ step windows, false failures, the recovery and replacement times of a kill, good
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import os
@@ -75,7 +76,7 @@ def full_step(rec: dict[str, Any]) -> bool:
 # ----------------------------------------------------------------------------- jobs
 
 
-class Job:
+class Job(abc.ABC):
     """One 4-replica training job of either system, held or released at step boundaries."""
 
     system = ""
@@ -101,22 +102,24 @@ class Job:
     def release(self, target: int = FOREVER) -> None:
         self.ctl.set(f"{self.name}/target", str(target))
 
-    def start(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def start(self) -> None: ...
 
-    def poll(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def poll(self) -> None: ...
 
+    @abc.abstractmethod
     def live(self) -> dict[int, int]:
         """Slot -> pid of every running worker."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def kill(self, slot: int) -> float:
         """SIGKILL the worker in ``slot``; returns the monotonic time just before the signal."""
-        raise NotImplementedError
+        ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def close(self) -> None: ...
 
     def members(self) -> dict[int, int]:
         """Slot -> pid of the running workers that passed their manager's construction."""
