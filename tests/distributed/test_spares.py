@@ -212,8 +212,34 @@ def test_a_spare_waits_for_its_member_id(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_a_script_that_never_reaches_from_env_stops_the_pool(tmp_path: Path) -> None:
+    # The worker waits (bounded) until the spare has exited, so the spare is seen to finish on
+    # its own rather than being stopped with the pool when the worker happens to finish first.
     script = tmp_path / "worker.py"
-    script.write_text("print('done')\n")
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, pathlib, time
+            marker = pathlib.Path({str(tmp_path / "spare.pid")!r})
+            if os.environ.get("TORCHNEXT_SPARE"):
+                marker.with_suffix(".tmp").write_text(str(os.getpid()))
+                marker.with_suffix(".tmp").rename(marker)  # atomic: the worker never reads half
+            else:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    if marker.exists():
+                        stat = pathlib.Path("/proc", marker.read_text(), "stat")
+                        try:
+                            if stat.read_text().split(")")[-1].split()[0] in ("Z", "X"):
+                                break
+                        except FileNotFoundError:
+                            break
+                    time.sleep(0.01)
+                else:
+                    raise SystemExit("the spare never finished")
+            print("done")
+            """
+        )
+    )
     events: list[AgentEvent] = []
     with Agent([str(script)], AgentConfig(nproc=1, spares=1), on_event=events.append) as agent:
         rc = agent.run(poll_interval=timedelta(milliseconds=20))
