@@ -73,9 +73,33 @@ def collect() -> dict[str, Any]:
         "backends": _backends(),
         "triton": triton_present,
         "capabilities": [s.as_dict() for s in probe_all()],
+        "gemm": _gemm_candidates(),
         "backport": backport,
         "env": describe(),
     }
+
+
+def _gemm_candidates() -> list[dict[str, str]]:
+    """torchnext.gemm's candidate routes per device here, and why one is missing."""
+    import torch
+
+    from torchnext.gemm.routes import available_routes
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = [
+        {"device": device, "candidate": name, "status": status}
+        for device in devices
+        for name, status in available_routes(device).items()
+    ]
+    torchao = importlib.util.find_spec("torchao") is not None
+    rows.append(
+        {
+            "device": "any",
+            "candidate": "torchao operands (NVFP4Tensor, MXTensor)",
+            "status": "available" if torchao else "missing: pip install 'torchnext[gemm]'",
+        }
+    )
+    return rows
 
 
 def _print_table(rows: list[list[str]], header: list[str]) -> None:
@@ -107,6 +131,11 @@ def main(args: argparse.Namespace) -> int:
     _print_table(
         [[c["name"], c["status"], c["detail"]] for c in info["capabilities"]],
         ["capability", "status", "detail"],
+    )
+    print()
+    _print_table(
+        [[g["device"], g["candidate"], g["status"]] for g in info["gemm"]],
+        ["device", "gemm candidate", "status"],
     )
     if info["backport"]:
         print()

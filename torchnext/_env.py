@@ -132,6 +132,14 @@ TORCHNEXT_STORE_TIMEOUT = _var(
     _parse_seconds,
     "Bound on connecting to and waiting on the rendezvous store, in seconds.",
 )
+TORCHNEXT_ETCD_REQUEST_TIMEOUT = _var(
+    "TORCHNEXT_ETCD_REQUEST_TIMEOUT",
+    timedelta(seconds=1),
+    _parse_seconds,
+    "With an etcd store (etcd://...): bound on one request to one etcd member, in seconds, "
+    "before the next member is tried; keep it below the heartbeat timeout, so a member "
+    "that went silent delays a worker's heartbeat by less than a peer would suspect.",
+)
 TORCHNEXT_JOIN = _var(
     "TORCHNEXT_JOIN",
     False,
@@ -233,6 +241,24 @@ TORCHNEXT_SWITCH_FLAT = _var(
     _parse_bool,
     "Under torch.compile, capture `switch` as one flat K-way node (one host-side index "
     "read, linear tracing); 0 keeps the balanced tree of torch.cond.",
+)
+
+# --------------------------------------------------------------------------- gemm
+
+TORCHNEXT_GEMM_AUTOTUNE = _var(
+    "TORCHNEXT_GEMM_AUTOTUNE",
+    "on",
+    _parse_str,
+    "How torchnext.gemm picks a route: 'on' times the candidates once per problem and keeps "
+    "the choice on disk; 'cached' uses stored choices and ATen otherwise; 'off' always ATen.",
+)
+
+TORCHNEXT_GEMM_CACHE_DIR = _var(
+    "TORCHNEXT_GEMM_CACHE_DIR",
+    "",
+    _parse_str,
+    "Folder of torchnext.gemm's tuned choices (shared safely by concurrent processes); empty "
+    "means $XDG_CACHE_HOME/torchnext/gemm, else ~/.cache/torchnext/gemm.",
 )
 
 # --------------------------------------------------------------------------- bench / cli

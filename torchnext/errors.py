@@ -23,6 +23,8 @@ __all__ = [
     "StaleEpochError",
     "GroupShutdownError",
     "StoreUnreachableError",
+    "StoreRequestError",
+    "EtcdNotInstalledError",
     "AgreementError",
     "MembershipError",
     "CollectiveMismatchError",
@@ -42,6 +44,7 @@ __all__ = [
     # testing harness
     "WorkerFailedError",
     "HarnessTimeoutError",
+    "HostNetworkError",
     # linalg
     "NotPositiveDefiniteError",
     "ConvergenceError",
@@ -51,6 +54,9 @@ __all__ = [
     "DynamicSpecError",
     "ControlFlowError",
     "CudaGraphCaptureError",
+    # gemm
+    "GemmInputError",
+    "GemmUnsupportedError",
     # upgrade
     "UpgradeError",
     # benchmarks / cli
@@ -110,6 +116,16 @@ class GroupShutdownError(CommError):
 
 class StoreUnreachableError(TorchnextError, ConnectionError):
     """The rendezvous store could not be reached at the named address."""
+
+
+class StoreRequestError(TorchnextError, RuntimeError):
+    """The store answered, but refused the request (an etcd store: a value over the
+    cluster's request size limit, a bad argument); retrying would fail the same way."""
+
+
+class EtcdNotInstalledError(TorchnextError, FileNotFoundError):
+    """The etcd server binary was not found where a test or benchmark cluster starts it
+    (install ``torchnext[etcd]``, which ships it, or Debian's ``etcd-server``)."""
 
 
 class AgreementError(CommError):
@@ -241,6 +257,12 @@ class HarnessTimeoutError(TorchnextError, TimeoutError):
     """The multi-process harness gave up waiting for workers within its bound."""
 
 
+class HostNetworkError(TorchnextError, RuntimeError):
+    """Test hosts (network namespaces on a bridge) cannot be made or driven here: not root,
+    no ``ip`` command, no free test subnet, or an ``ip`` command that failed. The message
+    names the command or resource and the fix."""
+
+
 # --------------------------------------------------------------------------- linalg
 
 
@@ -292,6 +314,21 @@ class ControlFlowError(TorchnextError, RuntimeError):
 
 class CudaGraphCaptureError(ControlFlowError):
     """A ``while_loop`` cannot be captured in a CUDA graph here (device, carries, RNG...)."""
+
+
+# --------------------------------------------------------------------------- gemm
+
+
+class GemmInputError(TorchnextError, ValueError):
+    """A GEMM argument is malformed: shapes that do not contract, scales of the wrong shape or
+    dtype for the recipe, offsets that decrease or exceed the rows, NaN scales, an epilogue
+    operand that is neither a row, a column nor a full matrix. The message names the argument,
+    the value and the expected one."""
+
+
+class GemmUnsupportedError(TorchnextError, NotImplementedError):
+    """The arguments are well formed, but no route here runs them (a dtype pair, a recipe or a
+    device no candidate supports). The message names what would run them."""
 
 
 # --------------------------------------------------------------------------- upgrade

@@ -1,0 +1,232 @@
+"""``torchnext.gemm.gemm``: every route computes the epilogue's stated semantics; the
+autotuner's store survives concurrent processes; bad input names the argument."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchnext.errors import GemmInputError, GemmUnsupportedError
+from torchnext.gemm import autotune
+from torchnext.gemm.epilogue import Epilogue, add, gelu, mul, relu, scale, sigmoid, silu, tanh
+from torchnext.gemm.fused import gemm, linear
+from torchnext.gemm.routes import Problem, routes_for
+
+# Shape legend: M rows, K contracted, N columns.
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHNEXT_GEMM_CACHE_DIR", str(tmp_path / "gemm-cache"))
+    autotune.clear()
+
+
+def _reference(a, b, bias, epilogue):  # type: ignore[no-untyped-def]
+    acc = a.double() @ b.double()
+    if bias is not None:
+        acc = acc + bias.double()
+    for step in epilogue.steps:
+        operand = step.operand
+        acc = (
+            step.apply(acc)
+            if not isinstance(operand, torch.Tensor)
+            else (
+                acc + operand.double().reshape(-1 if operand.dim() == 1 else operand.shape)
+                if step.op == "add"
+                else acc * operand.double()
+            )
+        )
+    return acc
+
+
+def _tolerance(dtype: torch.dtype, k: int, scale_: float) -> float:
+    # Output rounding (a few ulps of the output dtype, once per step) plus float32
+    # accumulation over K, relative to the result's magnitude.
+    return (16 * torch.finfo(dtype).eps + 4 * k * torch.finfo(torch.float32).eps) * scale_
+
+
+def _epilogues(m: int, n: int, dtype: torch.dtype) -> list[Epilogue]:
+    row = torch.randn(n, dtype=dtype)
+    col = torch.randn(m, 1, dtype=dtype)
+    full = torch.randn(m, n, dtype=dtype)
+    return [
+        Epilogue(),
+        Epilogue(relu()),
+        Epilogue(gelu(), add(full)),
+        Epilogue(gelu("tanh"), mul(row)),
+        Epilogue(silu(), mul(col), scale(0.5)),
+        Epilogue(add(full), tanh()),
+        Epilogue(scale(2.0), sigmoid(), add(row), add(col)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 16, 8), (5, 33, 17), (300, 64, 40)])
+def test_every_route_computes_the_epilogue(dtype: torch.dtype, m: int, k: int, n: int) -> None:
+    a = torch.randn(m, k, dtype=dtype)
+    b = torch.randn(k, n, dtype=dtype)
+    bias = torch.randn(n, dtype=dtype)
+    for epilogue in _epilogues(m, n, dtype):
+        want = _reference(a, b, bias, epilogue)
+        problem = Problem(a, b, bias, epilogue, dtype)
+        names = []
+        for route in routes_for(problem):
+            if route.name.endswith("inductor"):
+                continue  # compiled once in its own test below
+            got = route.run(problem)
+            names.append(route.name)
+            assert got.dtype == dtype and got.shape == (m, n), route.name
+            err = (got.double() - want).abs().max().item()
+            tol = _tolerance(dtype, k, max(1.0, want.abs().max().item()))
+            assert err <= tol, (route.name, epilogue, err, tol)
+        assert "aten+eager" in names and (not epilogue.steps or "aten+inplace" in names)
+        if dtype == torch.bfloat16:
+            assert "upcast+eager" in names
+
+
+def test_inductor_route_matches_eager() -> None:
+    a, b = torch.randn(128, 32), torch.randn(32, 24)
+    full = torch.randn(128, 24)
+    epilogue = Epilogue(gelu(), add(full), scale(0.25))
+    problem = Problem(a, b, None, epilogue, torch.float32)
+    (route,) = [r for r in routes_for(problem) if r.name == "aten+inductor"]
+    want = _reference(a, b, None, epilogue)
+    assert (route.run(problem).double() - want).abs().max().item() <= _tolerance(
+        torch.float32, 32, want.abs().max().item()
+    )
+
+
+def test_gemm_takes_leading_dims_and_output_shaped_operands() -> None:
+    x = torch.randn(2, 3, 16)
+    w = torch.randn(8, 16)
+    residual = torch.randn(2, 3, 8)
+    got = linear(x, w, torch.zeros(8), epilogue=Epilogue(relu(), add(residual)))
+    want = torch.relu(F.linear(x, w)) + residual
+    assert got.shape == (2, 3, 8)
+    torch.testing.assert_close(got, want)
+
+
+def test_amax_is_written_before_the_cast() -> None:
+    a, b = torch.randn(9, 20), torch.randn(20, 7)
+    amax = torch.zeros((), dtype=torch.float32)
+    out = gemm(a, b, epilogue=Epilogue(scale(3.0), amax_into=amax), out_dtype=torch.bfloat16)
+    want = (a.double() @ b.double()) * 3.0
+    assert out.dtype == torch.bfloat16
+    assert abs(amax.item() - want.abs().max().item()) <= 1e-4 * want.abs().max().item()
+
+
+def test_recording_autograd_takes_the_eager_chain_and_backpropagates() -> None:
+    x = torch.randn(4, 6, requires_grad=True)
+    w = torch.randn(5, 6, requires_grad=True)
+    out = linear(x, w, epilogue=Epilogue(gelu()))
+    out.sum().backward()
+    x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    F.gelu(F.linear(x2, w2)).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+def test_the_choice_is_tuned_once_stored_and_reused(tmp_path: Path) -> None:
+    a, b, full = torch.randn(8, 16), torch.randn(16, 8), torch.randn(8, 8)
+    gemm(a, b, epilogue=Epilogue(relu(), add(full)))
+    files = list(Path(os.environ["TORCHNEXT_GEMM_CACHE_DIR"]).glob("*.json"))
+    assert len(files) == 1
+    record = json.loads(files[0].read_text())
+    assert record["route"] in record["median_s"] and "aten+eager" in record["median_s"]
+    # A new process state reads the stored choice instead of timing again.
+    autotune.clear()
+    files[0].write_text(json.dumps({**record, "route": "aten+inplace"}))
+    gemm(a, b, epilogue=Epilogue(relu(), add(full)))
+    assert list(autotune.tuned_choices().values()) == ["aten+inplace"]
+
+
+def test_a_torn_cache_file_is_retuned(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = torch.randn(4, 8), torch.randn(8, 4)
+    gemm(a, b, epilogue=Epilogue(tanh()))
+    (path,) = Path(os.environ["TORCHNEXT_GEMM_CACHE_DIR"]).glob("*.json")
+    path.write_text('{"key": "')
+    autotune.clear()
+    gemm(a, b, epilogue=Epilogue(tanh()))
+    assert json.loads(path.read_text())["route"]
+
+
+_RACER = textwrap.dedent(
+    """
+    import json, sys, torch
+    from torchnext.gemm import autotune
+    from torchnext.gemm.epilogue import Epilogue, gelu, add
+    from torchnext.gemm.fused import gemm
+    torch.manual_seed(0)
+    a, b, r = torch.randn(40, 32), torch.randn(32, 24), torch.randn(40, 24)
+    for _ in range(3):
+        autotune.clear()
+        out = gemm(a, b, epilogue=Epilogue(gelu(), add(r)))
+    want = torch.nn.functional.gelu(a @ b) + r
+    print(json.dumps({"ok": bool(torch.allclose(out, want, atol=1e-4)),
+                      "choices": list(autotune.tuned_choices().values())}))
+    """
+)
+
+
+def test_processes_racing_on_one_cache_folder_all_get_a_valid_choice(tmp_path: Path) -> None:
+    env = {**os.environ, "TORCHNEXT_GEMM_CACHE_DIR": str(tmp_path / "shared")}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RACER], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert all(r["ok"] and len(r["choices"]) == 1 for r in results), results
+    stored = list((tmp_path / "shared").glob("*.json"))
+    assert len(stored) == 1 and json.loads(stored[0].read_text())["route"]
+    assert not list((tmp_path / "shared").glob(".tune-*")), "a temporary file was left behind"
+
+
+def test_modes_off_and_cached_never_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = torch.randn(4, 8), torch.randn(8, 4)
+    monkeypatch.setenv("TORCHNEXT_GEMM_AUTOTUNE", "cached")
+    gemm(a, b, epilogue=Epilogue(relu()))
+    assert not list(Path(os.environ["TORCHNEXT_GEMM_CACHE_DIR"]).glob("*.json"))
+    monkeypatch.setenv("TORCHNEXT_GEMM_AUTOTUNE", "sometimes")
+    with pytest.raises(GemmInputError, match="TORCHNEXT_GEMM_AUTOTUNE='sometimes'"):
+        gemm(a, b, epilogue=Epilogue(relu()))
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: gemm(torch.randn(3, 4), torch.randn(5, 6)), r"K=4.*K=5"),
+        (lambda: gemm(torch.randn(3, 4), torch.randn(4, 6), bias=torch.randn(5)), r"bias.*\[6\]"),
+        (
+            lambda: gemm(
+                torch.randn(3, 4), torch.randn(4, 6), epilogue=Epilogue(add(torch.randn(2, 6)))
+            ),
+            r"add\(operand\): shape \[2, 6\]",
+        ),
+        (lambda: Epilogue(*(add(torch.randn(6)) for _ in range(5))), r"5 captured tensors"),
+        (lambda: Epilogue(amax_into=torch.zeros(2)), r"amax_into"),
+        (lambda: Epilogue("gelu"), r"steps\[0\]\): got str"),  # type: ignore[arg-type]
+        (lambda: scale(float("nan")), r"scale\(value\): got nan"),
+        (lambda: gelu("fast"), r"approximate='fast'"),  # type: ignore[arg-type]
+        (lambda: linear(torch.randn(3, 4), torch.randn(4)), r"linear\(weight\)"),
+    ],
+)
+def test_bad_input_names_the_argument(call, match: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(GemmInputError, match=match):
+        call()
+
+
+def test_unsupported_dtypes_say_where_to_go() -> None:
+    a = torch.randn(3, 4).to(torch.float8_e4m3fn)
+    with pytest.raises(GemmUnsupportedError, match="scaled_mm"):
+        gemm(a, a.t().contiguous())
+    with pytest.raises(GemmUnsupportedError, match="a=torch.float32, b=torch.bfloat16"):
+        gemm(torch.randn(3, 4), torch.randn(4, 2, dtype=torch.bfloat16))

@@ -1,0 +1,177 @@
+"""``gemm`` and ``linear``: one GEMM with its epilogue, on the fastest route this machine has.
+
+Use :func:`gemm` where a model computes ``act(x @ w + bias) + residual``-shaped code and
+you want it as one call: the autotuner (:mod:`torchnext.gemm.autotune`) picks among torch's
+own GEMM with the steps in eager or in place, oneDNN post-ops, row blocks, Inductor and the
+Triton template, once per problem class, and falls back to torch's own where nothing wins.
+:func:`linear` is the same call shaped like ``F.linear`` (weight ``[N, K]``).
+
+Semantics, as equivalent Python::
+
+    def gemm(a, b, *, bias=None, epilogue=None, out_dtype=None):
+        acc = a.float() @ b.float() + (bias.float() if bias is not None else 0)
+        acc = epilogue.apply(acc) if epilogue is not None else acc   # amax before the cast
+        return acc.to(out_dtype or a.dtype)
+
+What not to assume: with autograd recording (an input requires grad and grad mode is on)
+the call runs the eager chain, the only route with a backward; the fused routes are for
+inference and for graphs whose intermediate results are not saved. Routes round
+differently (see :mod:`torchnext.gemm.epilogue`).
+
+Shape legend: M output rows (all leading dimensions of ``a`` flattened), N columns, K the
+contracted dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchnext.errors import GemmInputError, GemmUnsupportedError
+from torchnext.gemm.autotune import choose
+from torchnext.gemm.epilogue import Epilogue, Step
+from torchnext.gemm.routes import Problem, route
+
+__all__ = ["gemm", "linear"]
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_EMPTY = Epilogue()
+
+
+def _check(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None
+) -> None:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise GemmInputError(
+            f"gemm(a, b): got a={type(a).__name__}, b={type(b).__name__}; expected tensors"
+        )
+    if a.dim() < 1 or b.dim() != 2:
+        raise GemmInputError(
+            f"gemm(a, b): a has shape {list(a.shape)}, b has shape {list(b.shape)}; expected "
+            "a [..., K] and b [K, N] (for an F.linear weight [N, K] use linear(x, weight))"
+        )
+    if a.shape[-1] != b.shape[0]:
+        raise GemmInputError(
+            f"gemm(a, b): inner dimensions differ: a is {list(a.shape)} (K={a.shape[-1]}), b is "
+            f"{list(b.shape)} (K={b.shape[0]}); expected a [..., K] and b [K, N]"
+        )
+    if a.dtype not in _FLOATS or b.dtype != a.dtype:
+        raise GemmUnsupportedError(
+            f"gemm(a, b): dtypes a={a.dtype}, b={b.dtype}; expected both the same floating "
+            f"dtype ({', '.join(str(d) for d in _FLOATS)}). For float8/float4 operands use "
+            "torchnext.gemm.scaled_mm"
+        )
+    if a.device != b.device:
+        raise GemmInputError(
+            f"gemm(a, b): a is on {a.device}, b on {b.device}; move them to one device"
+        )
+    if bias is not None and (
+        not isinstance(bias, torch.Tensor)
+        or tuple(bias.shape) != (b.shape[1],)
+        or bias.device != a.device
+    ):
+        raise GemmInputError(
+            f"gemm(bias=...): got {_describe(bias)}; expected a tensor of shape [{b.shape[1]}] "
+            f"on {a.device}"
+        )
+    if out_dtype is not None and out_dtype not in _FLOATS:
+        raise GemmUnsupportedError(
+            f"gemm(out_dtype={out_dtype}): expected one of "
+            f"{', '.join(str(d) for d in _FLOATS)}; cast the result yourself for other dtypes"
+        )
+
+
+def _flat_epilogue(epilogue: Epilogue, out_shape: tuple[int, ...], m: int, n: int) -> Epilogue:
+    """Operands shaped like the (N-D) output become ``[M, N]`` views; the rest stay."""
+    if not any(isinstance(s.operand, torch.Tensor) and s.operand.dim() > 2 for s in epilogue.steps):
+        return epilogue
+    steps = []
+    for step in epilogue.steps:
+        t = step.operand
+        if isinstance(t, torch.Tensor) and t.dim() > 2:
+            if tuple(t.shape) == out_shape:
+                t = t.reshape(m, n)
+            elif tuple(t.shape) == out_shape[:-1] + (1,):
+                t = t.reshape(m, 1)
+            else:
+                raise GemmInputError(
+                    f"epilogue {step.op}(operand): shape {list(t.shape)}; expected the output's "
+                    f"shape {list(out_shape)}, {list(out_shape[:-1]) + [1]} (a column) or [{n}] "
+                    "(a row)"
+                )
+        steps.append(Step(step.op, t))
+    return Epilogue(*steps, amax_into=epilogue.amax_into)
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    epilogue: Epilogue | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``epilogue(a @ b + bias)`` cast to ``out_dtype``, fused on the tuned route.
+
+    Args:
+        a: ``[..., K]``; the leading dimensions are rows of the product.
+        b: ``[K, N]``, the same dtype and device as ``a``.
+        bias: ``[N]`` or None.
+        epilogue: an :class:`~torchnext.gemm.Epilogue`; its operands are rows ``[N]``,
+            columns (``[..., 1]``) or full (``[..., N]``, the output's shape).
+        out_dtype: the result's dtype (default ``a.dtype``).
+
+    Returns:
+        ``[..., N]`` in ``out_dtype``.
+
+    Raises:
+        GemmInputError: shapes that do not contract, a misshapen bias or operand.
+        GemmUnsupportedError: a dtype no route runs (float8/float4 go to ``scaled_mm``).
+    """
+    _check(a, b, bias, out_dtype)
+    epilogue = _EMPTY if epilogue is None else epilogue
+    if not isinstance(epilogue, Epilogue):
+        raise GemmInputError(
+            f"gemm(epilogue=...): got {type(epilogue).__name__}; expected a "
+            "torchnext.gemm.Epilogue, e.g. Epilogue(gelu(), add(residual))"
+        )
+    flat = a.dim() == 2
+    out_shape = (*a.shape[:-1], b.shape[1])
+    a_MK = a if flat else a.reshape(-1, a.shape[-1])
+    m, n = a_MK.shape[0], b.shape[1]
+    epilogue = _flat_epilogue(epilogue, out_shape, m, n)
+    problem = Problem(a_MK, b, bias, epilogue, out_dtype or a.dtype)
+    recording = torch.is_grad_enabled() and (
+        a.requires_grad
+        or b.requires_grad
+        or (bias is not None and bias.requires_grad)
+        or any(t.requires_grad for t in epilogue.captured)
+    )
+    chosen = route("aten+eager") if recording or m == 0 else choose(problem)
+    out = chosen.run(problem)
+    return out if flat else out.reshape(out_shape)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    epilogue: Epilogue | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``F.linear`` with an epilogue: ``gemm(x, weight.T, bias=bias, epilogue=...)``.
+
+    ``weight`` is ``[N, K]`` as in ``nn.Linear``.
+    """
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise GemmInputError(
+            f"linear(weight): got {_describe(weight)}; expected a 2-D [N, K] tensor as in "
+            "nn.Linear (for a quantized weight use torchnext.gemm.gemv.linear)"
+        )
+    return gemm(x, weight.t(), bias=bias, epilogue=epilogue, out_dtype=out_dtype)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)} on {value.device}"
+    return repr(value)
