@@ -50,7 +50,7 @@ MARGIN = 0.03
 _REFERENCE = "aten+eager"
 _MODES = ("on", "cached", "off")
 
-_memory: dict[tuple[object, ...], str] = {}
+_memory: dict[tuple[object, ...], Route] = {}
 _lock = threading.Lock()
 
 
@@ -68,21 +68,27 @@ def _bucket(m: int) -> int:
 
 
 def problem_key(p: Problem) -> tuple[object, ...]:
-    """The problem class a choice is kept for (hashable, cheap: it runs on every call)."""
-    a, b = p.a_MK, p.b_KN
-    m, n = a.shape[0], b.shape[1]
+    """The problem class a choice is kept for (hashable, cheap: it runs on every call).
+
+    The torch build is not part of it: it is fixed within a process, and the files on disk
+    carry it (see :func:`_file_for`).
+    """
+    a = p.a_MK
+    m, k = a.shape
+    n = p.b_KN.shape[1]
+    # is_cuda is the cheapest device test; other devices pay for device.type.
+    device = "cuda" if a.is_cuda else ("cpu" if a.is_cpu else a.device.type)
     return (
-        a.device.type,
+        device,
         a.dtype,
-        b.dtype,
+        p.b_KN.dtype,
         p.out_dtype,
         _bucket(m),
-        a.shape[1],
+        k,
         n,
         p.bias_N is not None,
         p.epilogue.signature(m, n),
         torch.get_num_threads(),
-        _VERSION,
     )
 
 
@@ -90,7 +96,7 @@ _VERSION = torch_version_key()
 
 
 def _file_for(key: tuple[object, ...]) -> Path:
-    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:24]
+    digest = hashlib.sha256(repr((key, _VERSION)).encode()).hexdigest()[:24]
     return cache_dir() / f"{digest}.json"
 
 
@@ -110,7 +116,7 @@ def _read(key: tuple[object, ...]) -> str | None:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or record.get("key") != repr(key):
+    if not isinstance(record, dict) or record.get("key") != repr((key, _VERSION)):
         return None  # a torn/foreign file, or a hash collision: treat as absent
     choice = record.get("route")
     return choice if isinstance(choice, str) else None
@@ -120,7 +126,7 @@ def _write(key: tuple[object, ...], choice: str, timings: dict[str, float]) -> N
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        record = {"key": repr(key), "route": choice, "median_s": timings, "time": time.time()}
+        record = {"key": repr((key, _VERSION)), "route": choice, "median_s": timings, "time": time.time()}
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tune-", suffix=".json")
         with os.fdopen(fd, "w") as handle:
             json.dump(record, handle)
@@ -132,14 +138,17 @@ def _write(key: tuple[object, ...], choice: str, timings: dict[str, float]) -> N
 def choose(p: Problem) -> Route:
     """The route for ``p``: remembered, read from disk, or tuned now (see the module doc)."""
     key = problem_key(p)
-    name = _memory.get(key)
-    if name is not None:
-        return route(name)
+    known = _memory.get(key)
+    if known is not None:
+        return known
     mode = _mode()
     if mode == "off":
         return route(_REFERENCE)
     with _lock:
-        name = _memory.get(key) or _read(key)
+        remembered = _memory.get(key)
+        if remembered is not None:
+            return remembered
+        name = _read(key)
         if name is None and (mode == "cached" or torch.compiler.is_compiling()):
             return route(_REFERENCE)
         if name is None:
@@ -151,7 +160,7 @@ def choose(p: Problem) -> Route:
             name, timings = _tune(p)
             _write(key, name, timings)
             chosen = route(name)
-        _memory[key] = name
+        _memory[key] = chosen
     return chosen
 
 
@@ -220,7 +229,7 @@ def _tune(p: Problem) -> tuple[str, dict[str, float]]:
 
 def tuned_choices() -> dict[str, str]:
     """This process's remembered choices (problem class -> route), for inspection."""
-    return {repr(k): v for k, v in _memory.items()}
+    return {repr(k): v.name for k, v in _memory.items()}
 
 
 def clear(*, disk: bool = False) -> None:
