@@ -238,9 +238,9 @@ class Epilogue:
         known = self._signatures.get((rows, cols))
         if known is not None:
             return known
-        sig = tuple(
+        sig: tuple[tuple[str, str, str], ...] = tuple(
             (
-                s.op,
+                str(s.op),
                 s.kind(rows, cols),
                 str(s.operand.dtype) if isinstance(s.operand, torch.Tensor) else "",
             )

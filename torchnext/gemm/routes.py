@@ -268,11 +268,11 @@ def _inductor_works() -> bool:
 
 
 def _triton_applies(p: Problem) -> bool:
-    if p.a_MK.device.type != "cuda":
+    if p.a_MK.device.type != "cuda" or p.compute_dtype == torch.float64:
         return False
-    from torchnext.gemm.triton_gemm import triton_available
+    from torchnext.gemm.triton_gemm import MAX_STEPS, triton_available
 
-    return triton_available()
+    return len(p.epilogue.steps) <= MAX_STEPS and triton_available()
 
 
 ROUTES: tuple[Route, ...] = (
