@@ -138,7 +138,8 @@ def compile_fx_with_post_grad_pass(
 
 def register_backend(name: str, backend: Callable[..., Any]) -> None:
     """Make ``torch.compile(backend=name)`` find ``backend`` (idempotent)."""
-    from torch._dynamo import list_backends, register_backend as register
+    from torch._dynamo import list_backends
+    from torch._dynamo import register_backend as register
 
     if name not in list_backends(exclude_tags=()):
         register(compiler_fn=backend, name=name)
