@@ -63,13 +63,21 @@ OnBuildFailure = Callable[[str], CommRevokedError]
 """Revoke the epoch being built, with this reason, and return the revoke error."""
 
 
-def connect_store(addr: str, timeout: timedelta) -> dist.TCPStore:
-    """A client of the TCPStore at ``host:port``; :class:`StoreUnreachableError` if none."""
+def connect_store(addr: str, timeout: timedelta) -> dist.Store:
+    """A client of the TCPStore at ``host:port``; :class:`StoreUnreachableError` if none.
+
+    ``etcd://h1:2379,h2:2379/namespace`` gives an etcd-backed store instead
+    (:mod:`torchnext.distributed.launch.etcd_store`).
+    """
+    if addr.startswith("etcd://"):
+        from torchnext.distributed.launch.etcd_store import connect_etcd_store
+
+        return connect_etcd_store(addr, timeout)
     host, sep, port = addr.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(
             f"store address {addr!r} is not host:port; set {_env.TORCHNEXT_STORE_ADDR.name} "
-            "like '10.0.0.1:29500'"
+            "like '10.0.0.1:29500' (or etcd://h1:2379,h2:2379,h3:2379/job for an etcd store)"
         )
     try:
         return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
@@ -80,7 +88,7 @@ def connect_store(addr: str, timeout: timedelta) -> dist.TCPStore:
         ) from exc
 
 
-def connect_from_env(timeout: timedelta) -> tuple[dist.TCPStore, str, int]:
+def connect_from_env(timeout: timedelta) -> tuple[dist.Store, str, int]:
     """The store, member id and world size the launcher put in the environment."""
     addr = _env.TORCHNEXT_STORE_ADDR.get()
     member = _env.TORCHNEXT_MEMBER_ID.get()

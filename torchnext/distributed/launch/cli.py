@@ -16,6 +16,13 @@ other nodes reach, or ``0.0.0.0``); the other agents connect to it::
     torchnext run --nproc 8 --nnodes 2 --node-rank 0 --store-addr node0:29600 --store-host 0.0.0.0 train.py
     torchnext run --nproc 8 --nnodes 2 --node-rank 1 --store-addr node0:29600 --store-host 0.0.0.0 train.py
 
+A store that survives the loss of any one machine: keep it on an etcd cluster (3 or 5
+members on different hosts) instead of node 0's agent. Every agent connects to it, none
+hosts one, and the last path segment names the job's keys (use the scheduler's job id)::
+
+    torchnext run --nproc 8 --nnodes 2 --node-rank 0 --store etcd://h1:2379,h2:2379,h3:2379/job7 train.py
+    torchnext run --nproc 8 --nnodes 2 --node-rank 1 --store etcd://h1:2379,h2:2379,h3:2379/job7 train.py
+
 Alongside torchrun (when a scheduler already wraps jobs in torchrun): let torchrun start
 exactly one agent per node, and let the agent start and replace the workers. The agent
 reads the node count, its node rank and the store from torchrun's environment (the job's
@@ -32,8 +39,9 @@ goodbye (or has shown no sign of life for 30 s), so no node loses the store whil
 workers are still exiting.
 
 Keep torchrun's own ``--max-restarts`` at 0: it restarts a whole node's workers, which
-is what the agent exists to avoid. The agent on node 0 is a single point of failure
-(it hosts the store), as torchft's lighthouse is.
+is what the agent exists to avoid. With a TCP store the agent on node 0 is a single
+point of failure (it hosts the store), as torchft's lighthouse is; with ``--store
+etcd://...`` no agent is.
 """
 
 from __future__ import annotations
@@ -76,6 +84,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--store-addr", default="", help="store endpoint shared by all nodes (node 0 hosts it)"
+    )
+    parser.add_argument(
+        "--store",
+        default="",
+        metavar="URL",
+        help="the job's store as a URL: etcd://h1:2379,h2:2379,h3:2379/JOB keeps it on an "
+        "etcd cluster that no agent hosts (survives losing any one host; JOB names the "
+        "job's keys, use a fresh one per job); tcp://host:port is --store-addr",
     )
     parser.add_argument(
         "--log-dir", default="", help="write each worker's output to DIR/<member>.log"
@@ -126,11 +142,48 @@ def _from_torchrun(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _store_url(args: argparse.Namespace) -> str | None:
+    """Fold ``--store URL`` into ``--store-addr``; an error text when they conflict."""
+    url = getattr(args, "store", "")
+    if not url:
+        return None
+    if args.store_addr:
+        return "give the store once: --store URL or --store-addr host:port, not both"
+    if url.startswith("tcp://"):
+        url = url[len("tcp://") :]
+    elif "://" in url and not url.startswith("etcd://"):
+        return (
+            f"--store {url!r}: unknown scheme; use etcd://h1:2379,h2:2379,h3:2379/JOB "
+            "or tcp://host:port"
+        )
+    args.store_addr = url
+    return None
+
+
+def _refuse_finished_namespace(addr: str, timeout: timedelta) -> str | None:
+    """An etcd namespace that holds a finished job's keys would end this job at once."""
+    from torchnext.distributed.launch.keys import FINISHED_KEY
+    from torchnext.distributed.launch.store import connect_store
+
+    store = connect_store(addr, timeout)
+    try:
+        if store.check([FINISHED_KEY]):
+            return (
+                f"the etcd namespace of {addr} holds the keys of a job that finished; give "
+                "this job its own namespace (etcd://.../<job id>), or delete the old keys "
+                "(etcdctl del --prefix /<namespace>/)"
+            )
+        return None
+    finally:
+        store.close()
+
+
 def main(args: argparse.Namespace) -> int:
+    from torchnext._env import TORCHNEXT_STORE_TIMEOUT
     from torchnext.distributed.launch.agent import Agent, AgentConfig
     from torchnext.errors import StoreUnreachableError
 
-    problem = _from_torchrun(args)
+    problem = _store_url(args) or _from_torchrun(args)
     if problem is not None:
         print(f"torchnext run: {problem}", file=sys.stderr)
         return 2
@@ -148,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
             nnodes=args.nnodes,
             log_dir=args.log_dir,
             events_file=args.events,
-            store_timeout=timedelta(seconds=30),
+            store_timeout=TORCHNEXT_STORE_TIMEOUT.get(),
         )
     except ValueError as exc:
         print(f"torchnext run: {exc}", file=sys.stderr)
@@ -156,13 +209,20 @@ def main(args: argparse.Namespace) -> int:
     if args.nnodes > 1 and not args.store_addr:
         print(
             "torchnext run: --nnodes > 1 needs --store-addr host:port, the store endpoint "
-            "every node reaches (node 0's agent hosts it)",
+            "every node reaches (node 0's agent hosts it), or --store etcd://h1:2379,.../JOB",
             file=sys.stderr,
         )
         return 2
     command = (["-m"] if args.module else []) + [args.script, *args.script_args]
     agent = Agent(command, config)
     try:
+        if args.store_addr.startswith("etcd://"):
+            problem = _refuse_finished_namespace(args.store_addr, config.store_timeout)
+            if problem is not None:
+                print(f"torchnext run: {problem}", file=sys.stderr)
+                agent.close()
+                return 2
+            print(f"torchnext run: store on etcd at {args.store_addr}", file=sys.stderr)
         agent.start()
     except StoreUnreachableError as exc:
         print(f"torchnext run: {exc}", file=sys.stderr)

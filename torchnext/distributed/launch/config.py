@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal
 
+from torchnext.distributed.launch.etcd_client import is_etcd_url, parse_etcd_url
 from torchnext.distributed.launch.exits import WorkerExit
 
 __all__ = ["AgentConfig", "AgentEvent", "EventKind"]
@@ -56,10 +57,14 @@ class AgentConfig:
     store_addr: str = ""
     """``host:port`` every node's workers use to reach the store (multi-node). The agent
     with ``node_rank == 0`` hosts it on that port, bound to ``store_host``; the others
-    connect to it. Empty: host one here on ``store_host:store_port`` (single node)."""
+    connect to it. Empty: host one here on ``store_host:store_port`` (single node).
+    ``etcd://h1:2379,h2:2379,h3:2379/namespace``: the store is that etcd cluster (see
+    :mod:`~torchnext.distributed.launch.etcd_store`); no agent hosts one, so
+    ``store_hosted_elsewhere`` is then always True."""
     store_hosted_elsewhere: bool = False
     """The store at ``store_addr`` is hosted by someone else (torchrun's agent, when
-    torchrun started this one): every agent connects, none hosts or waits for goodbyes."""
+    torchrun started this one, or an etcd cluster): every agent connects, none hosts or
+    waits for goodbyes."""
     node_rank: int = 0
     """This agent's index among the agents of a job (member ids are ``n{node}w{i}``)."""
     world_size: int = 0
@@ -103,7 +108,14 @@ class AgentConfig:
                 "AgentConfig.store_hosted_elsewhere=True needs store_addr, the host:port "
                 "of that store."
             )
-        if self.store_addr and ":" not in self.store_addr:
+        if is_etcd_url(self.store_addr):
+            try:
+                parse_etcd_url(self.store_addr)
+            except ValueError as exc:
+                raise ValueError(f"AgentConfig.store_addr: {exc}") from None
+            # An etcd cluster is nobody's to host: every agent connects to it.
+            object.__setattr__(self, "store_hosted_elsewhere", True)
+        elif self.store_addr and ":" not in self.store_addr:
             raise ValueError(f"AgentConfig.store_addr={self.store_addr!r} must be host:port.")
         if self.node_rank < 0:
             raise ValueError(f"AgentConfig.node_rank={self.node_rank} must be >= 0.")

@@ -1,12 +1,13 @@
 """The agents' store: hosting it, connecting to it, and leaving it in order.
 
 A job's ``TCPStore`` is hosted by one agent (node 0's, or the only one) and used by
-every agent and worker of the job. This module makes and reaches it
-(:func:`host_store`, :func:`connect_store`) and holds the shutdown handshake between
-agents: a store that closes while another node's agent or workers still talk to it
-makes each of their store clients print a C++ stack trace (``recvValue failed``,
-``Broken pipe``) on every later call, and makes their workers' exits look like
-crashes. So, on a multi-node job:
+every agent and worker of the job (or, with an ``etcd://`` address, it is an etcd
+cluster that no agent hosts: :mod:`~torchnext.distributed.launch.etcd_store`). This
+module makes and reaches it (:func:`host_store`, :func:`connect_store`) and holds the
+shutdown handshake between agents: a store that closes while another node's agent or
+workers still talk to it makes each of their store clients print a C++ stack trace
+(``recvValue failed``, ``Broken pipe``) on every later call, and makes their workers'
+exits look like crashes. So, on a multi-node job:
 
 * every agent that does not host the store bumps its *alive* counter while it runs
   (:func:`announce_alive`) and, once its workers have all exited, says goodbye
@@ -103,9 +104,17 @@ def _ipv4_listener(host: str, port: int) -> int | None:
 
 
 def connect_store(addr: str, timeout: timedelta) -> Any:
-    """A client of the ``TCPStore`` at ``host:port``, bounded by ``timeout``."""
+    """A client of the ``TCPStore`` at ``host:port``, bounded by ``timeout``.
+
+    An ``etcd://h1:2379,h2:2379,h3:2379/namespace`` address gives an
+    :class:`~torchnext.distributed.launch.etcd_store.EtcdStore` on that etcd cluster.
+    """
     import torch.distributed as dist
 
+    if addr.startswith("etcd://"):
+        from torchnext.distributed.launch.etcd_store import connect_etcd_store
+
+        return connect_etcd_store(addr, timeout)
     host, _, port = addr.rpartition(":")
     try:
         return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
