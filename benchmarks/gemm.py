@@ -18,8 +18,8 @@ is reported beside it), ``route_speedup_vs_aten`` (median aten+eager / fused ove
 bfloat16 cells; report only), ``compile_mlp_speedup`` (a transformer MLP block, float32, 1
 thread, inference: ``backend="torchnext_gemm"`` against plain ``torch.compile``) and
 ``autotune_cache_hit_us`` (the cost of answering from the tuner's memory, per call). The
-scaled, grouped and GEMV parts add their own keys (see ``benchmarks/_gemm_*.py``); on a CUDA
-machine the GPU part runs too.
+scaled, grouped and GEMV parts add their own keys (see ``benchmarks/_gemm_*.py``); the GPU
+bars are ``torchnext bench gemm-gpu``'s (``benchmarks/gpu_check.sh``).
 """
 
 from __future__ import annotations
@@ -239,12 +239,11 @@ def _cache_hit(reps: int) -> dict[str, Any]:
 
 
 def _parts(reps: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The scaled, grouped and GEMV parts (and the GPU part on CUDA), each its own script."""
+    """The scaled, grouped and GEMV parts on the CPU, each its own script (the GPU bars are
+    ``torchnext bench gemm-gpu``'s)."""
     keys: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     names = ["_gemm_scaled", "_gemm_grouped", "_gemm_gemv"]
-    if torch.cuda.is_available():
-        names.append("_gemm_gpu")
     for name in names:
         path = Path(__file__).with_name(f"{name}.py")
         spec = importlib.util.spec_from_file_location(f"torchnext_bench_{name}", path)
@@ -302,7 +301,7 @@ def main(argv: list[str]) -> int:
     summary["reps"] = args.reps
     summary["threads"] = threads
     summary["wall_s"] = time.perf_counter() - started
-    summary["gpu_bars"] = "measured" if torch.cuda.is_available() else "unmeasured: no CUDA device"
+    summary["gpu_bars"] = "see torchnext bench gemm-gpu (benchmarks/gpu_check.sh)"
     report.summary = summary
     report.notes.append(f"{len(part_rows)} rows of the scaled/grouped/GEMV parts are under 'parts'")
     path = report.write()
