@@ -28,7 +28,7 @@ from torchnext.compat.gemm_internals import compile_fx_with_post_grad_pass, regi
 from torchnext.gemm.epilogue import Epilogue, Step, StepOp
 from torchnext.gemm.fused import gemm
 
-__all__ = ["BACKEND", "backend", "fuse_gemm_epilogues", "gemm_epilogue"]
+__all__ = ["BACKEND", "backend", "fuse_gemm_epilogues", "gemm_epilogue", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -244,4 +244,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
     return compile_fx_with_post_grad_pass(gm, example_inputs, fuse_gemm_epilogues, _PASS_ID)
 
 
-register_backend(BACKEND, backend)
+def register() -> None:
+    """Register ``backend="torchnext_gemm"`` by hand, for a torchnext not installed with pip
+    (an installed one is found through its ``torch_dynamo_backends`` entry point)."""
+    register_backend(BACKEND, backend)

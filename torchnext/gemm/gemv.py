@@ -1,0 +1,270 @@
+"""Decode GEMV: ``F.linear``-shaped calls with few rows, on dense or 4-bit weights.
+
+When to use: in place of ``F.linear(x, w, b)`` in a decoder's per-token step, where ``x`` is
+``[B, 1, K]`` (or any ``[..., K]`` with at most :data:`GEMV_MAX_ROWS` rows), and above all
+with a weight-only quantized weight (:mod:`torchnext.gemm.quantized_weight`): the weight is
+read once in its packed form and decoded in registers, so a 4-bit weight moves an eighth of
+float32's bytes and no full-precision copy of it exists at any time.
+
+:func:`linear` picks one route per call (:func:`route` names it):
+
+=====================  ==============  ===========================  =========================
+weight                 device          rows <= GEMV_MAX_ROWS        more rows (GEMM)
+=====================  ==============  ===========================  =========================
+QuantizedWeight        CPU             ``cpu-q4-gemv``: fused       ``cpu-q4-chunked``: 256-
+                                       dequant + reduction (C)      row chunks dequantized
+                                                                    (C), then ``mm``
+QuantizedWeight        CUDA + Triton   ``triton-q4-gemv``           ``torch-q4-chunked``
+QuantizedWeight        other / traced  ``torch-q4-chunked``         ``torch-q4-chunked``
+bfloat16 / float16     CPU             ``cpu-dense-gemv``: rows     ``aten`` (``F.linear``)
+(``DENSE_MIN_ELEMENTS``                upcast in registers (C)
+and more)
+anything else          any             ``aten``                     ``aten``
+=====================  ==============  ===========================  =========================
+
+Accuracy: products and sums in float32 (as torch's CPU GEMM for these dtypes), output cast
+to ``x.dtype``; within float32-accumulation tolerance of ``x.double() @ W.double().T``.
+
+First-call cost: the CPU kernels are C compiled once per machine (1-2 s, then cached on disk,
+see :mod:`torchnext.gemm.gemv_cpu`); no ``torch.compile`` is involved, so no call recompiles
+for a new shape. Without a C compiler the ``torch-q4-chunked`` route is used (correct, slower).
+Under ``torch.compile`` tracing the traceable ``torch-q4-chunked`` / ``aten`` routes are used.
+
+What not to assume: no autograd through a quantized weight (inference only); a torchao
+``NVFP4Tensor`` / ``MXTensor`` weight is converted on every call (convert it once with
+:func:`~torchnext.gemm.quantized_weight.weight_from_torchao`).
+
+Shape legend: ``M`` rows of x (all leading dims), ``K`` in features, ``N`` out features,
+``R`` rows of a dequantized chunk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from torchnext.errors import GemmInputError, GemmUnsupportedError
+from torchnext.gemm import gemv_cpu
+from torchnext.gemm.quantized_weight import QuantizedWeight, weight_from_torchao
+
+__all__ = [
+    "CHUNK_BYTES",
+    "DENSE_MIN_ELEMENTS",
+    "GEMV_MAX_ROWS",
+    "available_routes",
+    "linear",
+    "route",
+]
+
+GEMV_MAX_ROWS = 8
+"""Calls with at most this many rows of ``x`` take a GEMV route."""
+
+CHUNK_BYTES = 4 << 20
+"""Largest dequantized float32 chunk of the weight on the GEMM routes; a chunk is also at most
+the packed weight's size (but at least 64 rows), so the GEMM routes' extra memory stays under
+twice the packed weight for weights of 500 rows and more."""
+
+DENSE_MIN_ELEMENTS = 1 << 19
+"""A bfloat16/float16 weight takes ``cpu-dense-gemv`` from this size (half of it when M > 1)."""
+
+_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _is_torchao(weight: object) -> bool:
+    cls = type(weight)
+    return cls.__module__.startswith("torchao.") and cls.__name__ in ("NVFP4Tensor", "MXTensor")
+
+
+def _tracing() -> bool:
+    return bool(torch.compiler.is_compiling())
+
+
+def _triton_available() -> bool:
+    # Only looked up: importing Triton costs seconds, and only its route needs it.
+    return importlib.util.find_spec("triton") is not None
+
+
+def _cpu() -> gemv_cpu.CpuKernels:
+    cpu = gemv_cpu.kernels()
+    if cpu is None:
+        raise GemmUnsupportedError(
+            "the CPU GEMV kernels could not be built (no working C compiler); install one "
+            "(cc, gcc or clang, or set CC), or call with a weight route() sends elsewhere"
+        )
+    return cpu
+
+
+def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
+    """The route :func:`linear` takes for these operands (see the module's table)."""
+    k = x.shape[-1] if x.dim() else 0
+    rows = x.numel() // max(k, 1)
+    gemv = rows <= GEMV_MAX_ROWS
+    if isinstance(weight, QuantizedWeight) or _is_torchao(weight):
+        device = weight.device
+        if device.type == "cpu" and not _tracing() and gemv_cpu.kernels() is not None:
+            return "cpu-q4-gemv" if gemv else "cpu-q4-chunked"
+        if device.type == "cuda" and gemv and not _tracing() and _triton_available():
+            return "triton-q4-gemv"
+        return "torch-q4-chunked"
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        return "aten"
+    dense_half = weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1
+    # Below this many weight elements torch's own call is faster than ours plus its ~50 us of
+    # Python (measured: 512 x 512 at M = 1 lost 0.9x; at M = 2, and 1024 x 512, won 1.2x).
+    big = weight.numel() >= (DENSE_MIN_ELEMENTS if rows == 1 else DENSE_MIN_ELEMENTS // 2)
+    if gemv and big and dense_half and weight.device.type == "cpu" and x.dtype == weight.dtype:
+        if not _tracing() and gemv_cpu.kernels() is not None:
+            return "cpu-dense-gemv"
+    return "aten"
+
+
+def available_routes(device: str = "cpu") -> dict[str, str]:
+    """GEMV route -> ``"available"`` or why not, for ``torchnext doctor`` (builds nothing)."""
+    if device == "cpu":
+        cc = gemv_cpu.compiler()
+        status = f"available (C kernels, built once with {cc})" if cc else "missing: no C compiler"
+        return {
+            "cpu-q4-gemv": status,
+            "cpu-q4-chunked": status,
+            "cpu-dense-gemv": status,
+            "torch-q4-chunked": "available (pure torch, any device)",
+        }
+    triton = "available" if _triton_available() else "missing: pip install 'torchnext[gpu]'"
+    return {"triton-q4-gemv": triton, "torch-q4-chunked": "available (pure torch, any device)"}
+
+
+def _check(x: Tensor, n: int, k: int, device: torch.device, bias: Tensor | None) -> None:
+    if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != k:
+        raise GemmInputError(
+            f"x.shape={tuple(getattr(x, 'shape', ()))}; expected [..., {k}] (the last dimension "
+            f"must equal the weight's in_features={k})"
+        )
+    if x.device != device:
+        raise GemmInputError(
+            f"x.device={x.device}, weight.device={device}; expected both on one device; move x "
+            f"with x.to({str(device)!r})"
+        )
+    if bias is not None and (
+        not isinstance(bias, Tensor) or tuple(bias.shape) != (n,) or bias.dtype != x.dtype
+    ):
+        raise GemmInputError(
+            f"bias is {getattr(bias, 'dtype', type(bias).__name__)} of shape "
+            f"{tuple(getattr(bias, 'shape', ()))}; expected {x.dtype} of shape ({n},) (one per "
+            f"output feature, in x's dtype)"
+        )
+    if bias is not None and bias.device != device:
+        raise GemmInputError(f"bias.device={bias.device}; expected {device} (the weight's)")
+
+
+def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, W, bias)`` for a dense ``W`` or a 4-bit :class:`QuantizedWeight`.
+
+    Equivalent to (up to float32 rounding, the order of the sums differing)::
+
+        W = weight.dequantize(torch.float64) if quantized else weight.double()
+        y = x.double() @ W.T + (0 if bias is None else bias.double())
+        return y.to(x.dtype)                    # [..., N]
+
+    ``x`` is ``[..., K]`` in float32, bfloat16 or float16 (a dense weight's dtype for a dense
+    weight, as ``F.linear``); ``bias`` ``[N]`` in ``x.dtype``. Raises :class:`GemmInputError`
+    when the shapes do not contract, the devices differ, or a dtype is not one of these.
+    """
+    if _is_torchao(weight):
+        weight = weight_from_torchao(weight)  # type: ignore[arg-type]
+    if isinstance(weight, QuantizedWeight):
+        return _quantized(x, weight, bias)
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        raise GemmInputError(
+            f"weight is {type(weight).__name__} of shape {tuple(getattr(weight, 'shape', ()))}; "
+            f"expected a 2-D [N, K] tensor, a QuantizedWeight, or torchao's NVFP4Tensor/MXTensor"
+        )
+    n, k = weight.shape
+    _check(x, n, k, weight.device, bias)
+    if x.dtype != weight.dtype:
+        raise GemmInputError(
+            f"x.dtype={x.dtype}, weight.dtype={weight.dtype}; expected the same dtype (as "
+            f"F.linear); convert x with x.to({weight.dtype})"
+        )
+    if route(x, weight) != "cpu-dense-gemv" or x.numel() == 0:
+        return F.linear(x, weight, bias)
+    cpu = _cpu()
+    x_MK = x.reshape(-1, k).float().contiguous()
+    out_MN = torch.empty(x_MK.shape[0], n)
+    cpu.dense_gemv(weight, x_MK, out_MN)
+    return _finish(out_MN, x, bias)
+
+
+def _finish(out_MN: Tensor, x: Tensor, bias: Tensor | None) -> Tensor:
+    if bias is not None:
+        out_MN += bias.float()
+    # Contiguous, as F.linear's result (the GEMV's output has rows padded to a multiple of 8).
+    return out_MN.to(x.dtype).contiguous().reshape(*x.shape[:-1], out_MN.shape[-1])
+
+
+def _quantized(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
+    n, k = w.shape
+    _check(x, n, k, w.device, bias)
+    if x.dtype not in _ACT_DTYPES:
+        raise GemmInputError(
+            f"x.dtype={x.dtype}; expected one of {list(_ACT_DTYPES)} with a quantized weight; "
+            f"convert x with x.float()"
+        )
+    x_MK = x.reshape(-1, k).float().contiguous()
+    name = route(x, w)
+    if x_MK.shape[0] == 0:
+        out_MN = x_MK.new_empty((0, n))
+    elif name == "cpu-q4-gemv":
+        out_MN = _cpu_gemv(x_MK, w)
+    elif name == "cpu-q4-chunked":
+        out_MN = _cpu_chunked(x_MK, w)
+    elif name == "triton-q4-gemv":
+        from torchnext.gemm import triton_gemv
+
+        out_MN = triton_gemv.q4_gemv(x_MK, w)
+    else:
+        out_MN = _torch_chunked(x_MK, w)
+    return _finish(out_MN, x, bias)
+
+
+def _cpu_gemv(x_MK: Tensor, w: QuantizedWeight) -> Tensor:
+    cpu = _cpu()
+    m, k = x_MK.shape
+    # Each pair of x's elements spread to [x0 x0 x0 x0 x1 x1 x1 x1]: the kernel's lanes hold
+    # four rows of the weight for each of two columns.
+    xx_MK4 = x_MK.view(m, k // 2, 2, 1).expand(m, k // 2, 2, 4).reshape(m, 4 * k)
+    xg_MG = None
+    if w.zeros is not None:
+        xg_MG = x_MK.view(m, k // w.block_size, w.block_size).sum(-1)
+    out_MN8 = torch.empty(m, 8 * w.codes.shape[0])
+    cpu.q4_gemv(w, x_MK, xx_MK4, xg_MG, out_MN8)
+    return out_MN8[:, : w.out_features]
+
+
+def _chunk_rows(w: QuantizedWeight) -> int:
+    return max(64, min(CHUNK_BYTES, w.nbytes) // (4 * w.in_features)) // 8 * 8
+
+
+def _cpu_chunked(x_MK: Tensor, w: QuantizedWeight) -> Tensor:
+    cpu = _cpu()
+    n, k = w.shape
+    rows = _chunk_rows(w)
+    buf = torch.empty(k * rows)
+    out_MN = torch.empty(x_MK.shape[0], n)
+    blocks = w.codes.shape[0]
+    for b0 in range(0, blocks, rows // 8):
+        b1 = min(blocks, b0 + rows // 8)
+        w_KR = buf[: k * 8 * (b1 - b0)].view(k, 8 * (b1 - b0))
+        cpu.q4_dequant(w, b0, b1, w_KR)
+        n0, n1 = 8 * b0, min(n, 8 * b1)
+        out_MN[:, n0:n1] = x_MK @ w_KR[:, : n1 - n0]
+    return out_MN
+
+
+def _torch_chunked(x_MK: Tensor, w: QuantizedWeight) -> Tensor:
+    n, k = w.shape
+    rows = _chunk_rows(w)
+    chunks = [F.linear(x_MK, w.dequantize_rows(n0, min(n, n0 + rows))) for n0 in range(0, n, rows)]
+    return torch.cat(chunks, dim=-1)
