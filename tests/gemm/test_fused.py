@@ -230,3 +230,22 @@ def test_unsupported_dtypes_say_where_to_go() -> None:
         gemm(a, a.t().contiguous())
     with pytest.raises(GemmUnsupportedError, match="a=torch.float32, b=torch.bfloat16"):
         gemm(torch.randn(3, 4), torch.randn(4, 2, dtype=torch.bfloat16))
+
+
+def test_linear_sends_decode_and_quantized_weights_to_the_gemv_path() -> None:
+    from torchnext.gemm.quantized_weight import NVFP4Weight
+
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16)
+    x = torch.randn(2, 1, 1024, dtype=torch.bfloat16)
+    residual = torch.randn(2, 1, 1024, dtype=torch.bfloat16)
+    got = linear(x, w, epilogue=Epilogue(relu(), add(residual)))
+    want = torch.relu(x.double() @ w.double().t()) + residual.double()
+    assert got.shape == (2, 1, 1024) and got.dtype == torch.bfloat16
+    assert (got.double() - want).abs().max().item() <= 0.05 * want.abs().max().item()
+    q = NVFP4Weight.from_float(torch.randn(64, 256))
+    xq = torch.randn(3, 256)
+    amax = torch.zeros((), dtype=torch.float32)
+    got_q = linear(xq, q, epilogue=Epilogue(gelu(), amax_into=amax))
+    want_q = F.gelu(xq.double() @ q.dequantize(torch.float64).t())
+    torch.testing.assert_close(got_q.double(), want_q, rtol=1e-4, atol=1e-4)
+    assert abs(amax.item() - want_q.abs().max().item()) <= 1e-4 * want_q.abs().max().item()

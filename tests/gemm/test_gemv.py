@@ -356,3 +356,18 @@ def test_available_routes_lists_every_route_without_building() -> None:
     cpu = gemv.available_routes("cpu")
     assert set(cpu) == {"cpu-q4-gemv", "cpu-q4-chunked", "cpu-dense-gemv", "torch-q4-chunked"}
     assert "triton-q4-gemv" in gemv.available_routes("cuda")
+
+
+def test_autograd_takes_the_torch_routes_and_backpropagates() -> None:
+    # The C/Triton kernels have no backward: a call autograd records must not lose the graph.
+    q = NVFP4Weight.from_float(torch.randn(64, 256))
+    x = torch.randn(1, 256, requires_grad=True)
+    assert route(x, q) == "torch-q4-chunked"
+    linear(x, q).sum().backward()
+    want = q.dequantize(torch.float32).sum(0)
+    torch.testing.assert_close(x.grad[0], want, rtol=1e-5, atol=1e-5)
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, requires_grad=True)
+    xb = torch.randn(1, 1024, dtype=torch.bfloat16)
+    assert route(xb, w) == "aten"
+    linear(xb, w).sum().backward()
+    assert w.grad is not None

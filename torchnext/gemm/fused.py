@@ -27,8 +27,11 @@ from __future__ import annotations
 import torch
 
 from torchnext.errors import GemmInputError, GemmUnsupportedError
+from torchnext.gemm import gemv
 from torchnext.gemm.autotune import choose
 from torchnext.gemm.epilogue import Epilogue, Step
+from torchnext.gemm.gemv import GEMV_MAX_ROWS
+from torchnext.gemm.quantized_weight import QuantizedWeight
 from torchnext.gemm.routes import Problem, route
 
 __all__ = ["gemm", "linear"]
@@ -153,7 +156,7 @@ def gemm(
 
 def linear(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | QuantizedWeight,
     bias: torch.Tensor | None = None,
     *,
     epilogue: Epilogue | None = None,
@@ -161,14 +164,61 @@ def linear(
 ) -> torch.Tensor:
     """``F.linear`` with an epilogue: ``gemm(x, weight.T, bias=bias, epilogue=...)``.
 
-    ``weight`` is ``[N, K]`` as in ``nn.Linear``.
+    ``weight`` is ``[N, K]`` as in ``nn.Linear``, or a quantized weight
+    (:class:`~torchnext.gemm.NVFP4Weight`, ``MXFP4Weight``, ``Int4Weight``, torchao's
+    ``NVFP4Tensor``/``MXTensor``). Decode calls (at most :data:`GEMV_MAX_ROWS` rows, e.g.
+    ``[B, 1, K]``) and quantized weights take :func:`torchnext.gemm.gemv.linear`'s GEMV
+    path, with the epilogue applied in place on its fresh output.
     """
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+    if isinstance(weight, torch.Tensor) and not _is_torchao(weight):
+        return _dense_linear(x, weight, bias, epilogue, out_dtype)
+    out = gemv.linear(x, weight, bias)
+    return _epilogue_after(out, epilogue, out_dtype)
+
+
+def _is_torchao(weight: torch.Tensor) -> bool:
+    # torchao's NVFP4Tensor/MXTensor subclass Tensor; they are quantized weights here.
+    return type(weight).__module__.startswith("torchao.")
+
+
+def _dense_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    epilogue: Epilogue | None,
+    out_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    if weight.dim() != 2:
         raise GemmInputError(
             f"linear(weight): got {_describe(weight)}; expected a 2-D [N, K] tensor as in "
-            "nn.Linear (for a quantized weight use torchnext.gemm.gemv.linear)"
+            "nn.Linear, or a quantized weight (NVFP4Weight, MXFP4Weight, Int4Weight)"
         )
-    return gemm(x, weight.t(), bias=bias, epilogue=epilogue, out_dtype=out_dtype)
+    decode = x.dim() >= 1 and x.shape[-1] > 0 and x.numel() // x.shape[-1] <= GEMV_MAX_ROWS
+    if not decode or gemv.route(x, weight) == "aten":
+        return gemm(x, weight.t(), bias=bias, epilogue=epilogue, out_dtype=out_dtype)
+    return _epilogue_after(gemv.linear(x, weight, bias), epilogue, out_dtype)
+
+
+def _epilogue_after(
+    out: torch.Tensor, epilogue: Epilogue | None, out_dtype: torch.dtype | None
+) -> torch.Tensor:
+    """The epilogue on a GEMV's fresh output: in place unless autograd records it."""
+    if epilogue is None:
+        return out if out_dtype is None else out.to(out_dtype)
+    rows = out.numel() // max(out.shape[-1], 1)
+    out_MN = out.reshape(rows, out.shape[-1])
+    flat = _flat_epilogue(epilogue, tuple(out.shape), rows, out.shape[-1])
+    flat.signature(rows, out.shape[-1])  # validates every operand's shape
+    if torch.is_grad_enabled() and (
+        out.requires_grad or any(t.requires_grad for t in flat.captured)
+    ):
+        out_MN = flat.apply(out_MN)
+    else:
+        flat.apply_(out_MN)
+        if flat.amax_into is not None:
+            flat.amax_into.copy_(out_MN.abs().amax().float())
+    result = out_MN.reshape(out.shape)
+    return result if out_dtype is None else result.to(out_dtype)
 
 
 def _describe(value: object) -> str:

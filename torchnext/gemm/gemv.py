@@ -82,6 +82,13 @@ def _tracing() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
+def _recording(x: Tensor, weight: object) -> bool:
+    """Autograd records this call: only the torch routes have a backward."""
+    if not torch.is_grad_enabled():
+        return False
+    return x.requires_grad or (isinstance(weight, Tensor) and weight.requires_grad)
+
+
 def _triton_available() -> bool:
     # Only looked up: importing Triton costs seconds, and only its route needs it.
     return importlib.util.find_spec("triton") is not None
@@ -102,11 +109,13 @@ def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
     k = x.shape[-1] if x.dim() else 0
     rows = x.numel() // max(k, 1)
     gemv = rows <= GEMV_MAX_ROWS
+    # The C and Triton kernels have no backward: under autograd the torch routes run.
+    plain = not (_tracing() or _recording(x, weight))
     if isinstance(weight, QuantizedWeight) or _is_torchao(weight):
         device = weight.device
-        if device.type == "cpu" and not _tracing() and gemv_cpu.kernels() is not None:
+        if device.type == "cpu" and plain and gemv_cpu.kernels() is not None:
             return "cpu-q4-gemv" if gemv else "cpu-q4-chunked"
-        if device.type == "cuda" and gemv and not _tracing() and _triton_available():
+        if device.type == "cuda" and gemv and plain and _triton_available():
             return "triton-q4-gemv"
         return "torch-q4-chunked"
     if not isinstance(weight, Tensor) or weight.dim() != 2:
@@ -116,7 +125,7 @@ def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
     # Python (measured: 512 x 512 at M = 1 lost 0.9x; at M = 2, and 1024 x 512, won 1.2x).
     big = weight.numel() >= (DENSE_MIN_ELEMENTS if rows == 1 else DENSE_MIN_ELEMENTS // 2)
     if gemv and big and dense_half and weight.device.type == "cpu" and x.dtype == weight.dtype:
-        if not _tracing() and gemv_cpu.kernels() is not None:
+        if plain and gemv_cpu.kernels() is not None:
             return "cpu-dense-gemv"
     return "aten"
 
