@@ -116,6 +116,16 @@ def is_torchnext_value(value: object) -> bool:
     return isinstance(module, str) and (module == "torchnext" or module.startswith("torchnext."))
 
 
+def _cuda_at_least(major: int) -> Callable[[], bool]:
+    """A check: a CUDA device of compute capability ``major`` or newer, where torch's own
+    kernel runs the recipe (block-scaled GEMM needs sm100, grouped GEMM sm90)."""
+
+    def check() -> bool:
+        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= major
+
+    return check
+
+
 def _torch_has(owner: str, attr: str) -> Callable[[], bool]:
     """A check: ``owner`` has ``attr`` and it is torch's own, not a torchnext backport."""
 
@@ -494,6 +504,36 @@ CAPABILITIES: tuple[Capability, ...] = (
         usage="`torchnext.compat.split_group(...)`",
         native=_is_214,
         provider="torchnext.compat:split_group",
+    ),
+    Capability(
+        name="gemm.fused_epilogue",
+        summary="Autotuned GEMM with 2.14's fused epilogues (NVGEMM's set), and a compile backend",
+        usage='`torchnext.gemm.gemm/linear(..., epilogue=...)`, `backend="torchnext_gemm"`',
+        # 2.14 fuses epilogues only inside Inductor on NVIDIA GPUs with cutlass; no torch has
+        # a callable fused-epilogue GEMM.
+        native=lambda: False,
+        provider="torchnext.gemm.fused:gemm",
+    ),
+    Capability(
+        name="gemm.scaled_mm",
+        summary="`F.scaled_mm` with block-wise, MX and NVFP4 recipes and swizzled scales",
+        usage="`torchnext.gemm.scaled_mm(...)`, `mm_quantized(a, b)` for torchao tensors",
+        native=_cuda_at_least(10),
+        provider="torchnext.gemm.scaled:scaled_mm",
+    ),
+    Capability(
+        name="gemm.grouped_mm",
+        summary="`F.grouped_mm` for mixture-of-experts on any GPU, fast on the CPU",
+        usage="`torchnext.gemm.grouped_mm(a, b, offs=...)`",
+        native=_cuda_at_least(9),
+        provider="torchnext.gemm.grouped:grouped_mm",
+    ),
+    Capability(
+        name="gemm.decode_gemv",
+        summary="Decode GEMV, and weight-only NVFP4/MXFP4/int4 with the dequantisation fused",
+        usage="`torchnext.gemm.linear(x, NVFP4Weight.from_float(w))`",
+        native=lambda: False,
+        provider="torchnext.gemm.gemv:linear",
     ),
     Capability(
         name="upgrade",

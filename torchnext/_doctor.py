@@ -83,19 +83,31 @@ def _gemm_candidates() -> list[dict[str, str]]:
     """torchnext.gemm's candidate routes per device here, and why one is missing."""
     import torch
 
-    from torchnext.gemm.routes import available_routes
+    from torchnext.gemm import gemv, grouped, routes
 
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    rows = [
-        {"device": device, "candidate": name, "status": status}
-        for device in devices
-        for name, status in available_routes(device).items()
-    ]
+    rows = []
+    for device in devices:
+        for family, table in (
+            ("gemm", routes.available_routes(device)),
+            ("gemv", gemv.available_routes(device)),
+            (
+                "grouped_mm",
+                {
+                    k: "available" if ok else "not here"
+                    for k, ok in grouped.available_routes(device).items()
+                },
+            ),
+        ):
+            rows += [
+                {"device": device, "candidate": f"{family}: {name}", "status": status}
+                for name, status in table.items()
+            ]
     torchao = importlib.util.find_spec("torchao") is not None
     rows.append(
         {
             "device": "any",
-            "candidate": "torchao operands (NVFP4Tensor, MXTensor)",
+            "candidate": "scaled_mm: torchao operands (NVFP4Tensor, MXTensor)",
             "status": "available" if torchao else "missing: pip install 'torchnext[gemm]'",
         }
     )

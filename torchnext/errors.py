@@ -23,6 +23,7 @@ __all__ = [
     "StaleEpochError",
     "GroupShutdownError",
     "StoreUnreachableError",
+    "StoreLostError",
     "StoreRequestError",
     "EtcdNotInstalledError",
     "AgreementError",
@@ -36,6 +37,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointMismatchError",
     "LaunchEnvironmentError",
+    "AgentConflictError",
     "OptimizerStepError",
     "WindowError",
     "WindowRevokedError",
@@ -118,6 +120,12 @@ class StoreUnreachableError(TorchnextError, ConnectionError):
     """The rendezvous store could not be reached at the named address."""
 
 
+class StoreLostError(StoreUnreachableError):
+    """The job's store has not answered for the whole store timeout: its host is down, or
+    this host is cut off from it. The group cannot go on here; the process should exit
+    (``torchnext run`` workers exit with ``EXIT_STORE_LOST``)."""
+
+
 class StoreRequestError(TorchnextError, RuntimeError):
     """The store answered, but refused the request (an etcd store: a value over the
     cluster's request size limit, a bad argument); retrying would fail the same way."""
@@ -186,6 +194,11 @@ class CheckpointMismatchError(CheckpointError):
 
 class LaunchEnvironmentError(TorchnextError, ValueError):
     """The process was not started the way ``from_env`` needs (``torchnext run``)."""
+
+
+class AgentConflictError(TorchnextError, ValueError):
+    """The agents of one job disagree: two claim the same node rank, or they were started
+    with different job shapes (``--nnodes``, ``--nproc``)."""
 
 
 class OptimizerStepError(TorchnextError, RuntimeError):
@@ -319,11 +332,12 @@ class CudaGraphCaptureError(ControlFlowError):
 # --------------------------------------------------------------------------- gemm
 
 
-class GemmInputError(TorchnextError, ValueError):
+class GemmInputError(TorchnextError, ValueError, RuntimeError):
     """A GEMM argument is malformed: shapes that do not contract, scales of the wrong shape or
     dtype for the recipe, offsets that decrease or exceed the rows, NaN scales, an epilogue
     operand that is neither a row, a column nor a full matrix. The message names the argument,
-    the value and the expected one."""
+    the value and the expected one. Both a ``ValueError`` (as ``F.scaled_mm`` raises) and a
+    ``RuntimeError`` (as ``mm`` and ``F.grouped_mm`` raise), so either ``except`` catches it."""
 
 
 class GemmUnsupportedError(TorchnextError, NotImplementedError):

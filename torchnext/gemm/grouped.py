@@ -1,0 +1,537 @@
+"""Grouped GEMM with torch 2.14's ``torch.nn.functional.grouped_mm`` semantics, on any device.
+
+What it is: :func:`grouped_mm` multiplies many independent matrix pairs that share their
+inner shapes but not their sizes along one jagged dimension, in one call. Mixture-of-experts
+layers use it with their tokens sorted by expert (``offs`` marks where each expert's rows
+end) and one 3-D weight holding every expert; the weight gradient of such a layer is the
+2-D x 2-D form, with the groups along the contraction.
+
+When to use it: wherever you would call 2.14's ``F.grouped_mm`` / 2.13's ``torch._grouped_mm``
+or loop over experts with ``mm``, on the CPU, on sm90/sm100 GPUs (through torch's own
+kernel) and on every other GPU (through one Triton kernel, :mod:`torchnext.gemm.triton_grouped`).
+It is a registered op (``torchnext::grouped_mm``) with a backward, so it works under
+autograd and inside ``torch.compile`` graphs. :func:`available_routes` lists what runs here.
+
+CPU routes, and why. A grouped GEMM streams each used expert's weight once and does
+2 rows K N flops per group. On one thread torch's C++ loop of ``mm`` is already at those
+two limits (no Python cost to remove), so one thread calls it. With more threads each
+small ``mm`` of that loop is its own OpenMP region: MKL does not split an 8-row GEMM, so
+the loop barely scales, and on a busy machine every region's barrier waits for a
+descheduled thread. Here the groups (cut by rows where one is large) are split into one
+balanced run per thread, each run on a worker thread that calls torch single-threaded: one
+hand-off per call instead of a barrier per group. 16-bit inputs are widened to float32 per
+group on CPUs without bfloat16 instructions (10-20x faster than the emulated bfloat16 GEMM,
+with the same float32 accumulation).
+
+What not to assume:
+
+* torch leaves the rows (or columns) past ``offs[-1]`` uninitialised; here they are zero.
+* torch does not check the offsets' values; here they are checked, which on a GPU costs one
+  device-to-host copy of ``offs`` per call.
+* torch accepts only inputs whose strides are multiples of 16 bytes; here any strides run.
+* Extensions where torch 2.14.1 raises "not supported yet": ``bias`` (one row per group),
+  ``out_dtype=torch.float32`` for 16-bit inputs (documented by 2.14, rejected by its code),
+  and ``float64`` (for references and ``gradcheck``). Everything torch runs gives its values.
+* Results match a float64 reference to float32-accumulation tolerance, not bit for bit:
+  the CPU route may split a group between threads and computes 16-bit inputs in float32.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import NamedTuple, cast
+
+import torch
+from torch import Tensor
+
+from torchnext.compat import gemm_internals as _gi
+from torchnext.errors import GemmInputError, GemmUnsupportedError
+from torchnext.gemm import triton_grouped
+
+__all__ = ["grouped_mm", "available_routes", "GROUPED_DTYPES"]
+
+# Shape legend: G groups (experts), M rows, K contraction, N columns. a_MK / a_GMK is mat_a,
+# b_GKN / b_KN mat_b, out_MN / out_GMN the result, offs_G the groups' end offsets along the
+# jagged dimension (M, N or K), bias_GN one bias row per group (bias_N for 3-D x 2-D).
+
+GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+"""Operand dtypes :func:`grouped_mm` runs (torch 2.14.1 runs the first three)."""
+
+_HALF = (torch.bfloat16, torch.float16)
+_MODES = {(2, 3): "2d3d", (3, 3): "3d3d", (2, 2): "2d2d", (3, 2): "3d2d"}
+_FORMS = {"2d3d": "2-D x 3-D", "3d3d": "3-D x 3-D", "2d2d": "2-D x 2-D", "3d2d": "3-D x 2-D"}
+# Below this many multiply-adds a CPU call stays on the calling thread: handing work to the
+# pool costs tens of microseconds.
+_THREADED_MIN_MACS = 1 << 22
+# A group costs about its rows plus this many rows' worth of streaming its weight once
+# (memory bandwidth against FMA rate on the CPUs measured); used to balance threads.
+_WEIGHT_ROWS = 8
+
+
+def grouped_mm(
+    mat_a: Tensor,
+    mat_b: Tensor,
+    *,
+    offs: Tensor | None = None,
+    bias: Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Grouped matrix multiply; 2.14's ``F.grouped_mm``. Equivalent Python::
+
+        ends = offs.tolist()          # int32, 1-D, non-decreasing, last <= the jagged size
+        starts = [0] + ends[:-1]
+        if mat_a.dim() == 2 and mat_b.dim() == 3:      # groups of rows: (M,K) x (G,K,N)
+            out = zeros(M, N)                          # rows past ends[-1] stay zero
+            for g, (s, e) in enumerate(zip(starts, ends)):
+                out[s:e] = mat_a[s:e] @ mat_b[g] + bias[g]
+        elif mat_a.dim() == 3 and mat_b.dim() == 3:    # batched: (G,M,K) x (G,K,N), no offs
+            out = mat_a @ mat_b + bias[:, None, :]
+        elif mat_a.dim() == 2 and mat_b.dim() == 2:    # groups along K: (M,K) x (K,N)
+            out = stack([mat_a[:, s:e] @ mat_b[s:e] + bias[g] for g, (s, e) in ...])  # (G,M,N)
+        else:                                          # groups of columns: (G,M,K) x (K,N)
+            out = zeros(M, N)                          # columns past ends[-1] stay zero
+            for g, (s, e) in enumerate(zip(starts, ends)):
+                out[:, s:e] = mat_a[g] @ mat_b[:, s:e] + bias[s:e]
+        return out.to(out_dtype or mat_a.dtype)        # accumulated in float32 (or float64)
+
+    ``mat_a`` and ``mat_b`` have one dtype from :data:`GROUPED_DTYPES`; ``out_dtype`` is
+    ``None``, that dtype, or ``torch.float32`` for 16-bit inputs. ``bias`` (an extension, see
+    the module docstring) is ``(G, N)``, or ``(N,)`` for 3-D x 2-D, in the input or output
+    dtype. Empty groups are allowed. The expert weights of an ``nn.Linear``-style ``(G, N, K)``
+    tensor go in as ``w.transpose(-2, -1)`` (no copy is made).
+
+    Raises:
+        GemmInputError: malformed arguments (dimensions, contraction sizes, group counts,
+            offsets not int32 / 1-D / non-decreasing / within the jagged size, mixed dtypes
+            or devices, bias of the wrong shape); the message names argument and value.
+        GemmUnsupportedError: a dtype or ``out_dtype`` no route runs.
+    """
+    inferred = _infer(mat_a, mat_b, offs, bias, out_dtype)
+    operands = (mat_a, mat_b, offs, bias)
+    if (
+        torch.compiler.is_compiling()
+        or mat_a.is_meta
+        or any(t is not None and type(t) is not Tensor for t in operands)
+        or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands))
+    ):
+        return _grouped_mm_op(mat_a, mat_b, offs, bias, out_dtype)
+    # Plain eager tensors and nothing to differentiate: skip the op's dispatch (tens of
+    # microseconds, as much as a small grouped GEMM takes).
+    return _forward(mat_a, mat_b, offs, bias, inferred)
+
+
+def available_routes(device: torch.device | str = "cpu") -> dict[str, bool]:
+    """Which of :func:`grouped_mm`'s routes can run on ``device`` (for ``torchnext doctor``).
+
+    ``torch-loop``: torch's own C++ loop (float32, one thread); ``threads``: the split over
+    worker threads (OpenMP builds); ``torch-kernel``: torch's grouped CUDA kernel (sm90 or
+    sm100, bfloat16); ``triton``: the Triton kernel (CUDA with Triton installed); ``loop``:
+    a Python loop of ``mm``, which always runs.
+    """
+    dev = torch.device(device)
+    cuda = dev.type == "cuda" and torch.cuda.is_available()
+    return {
+        "torch-loop": dev.type == "cpu" and _gi.native_grouped_mm() is not None,
+        "threads": dev.type == "cpu" and _threads_are_per_worker(),
+        "torch-kernel": cuda and _gi.native_grouped_mm_is_kernel(dev, torch.bfloat16),
+        "triton": cuda and triton_grouped.triton_available(),
+        "loop": True,
+    }
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _bad(arg: str, value: object, expected: str, fix: str) -> GemmInputError:
+    return GemmInputError(f"grouped_mm: {arg} is {value}; expected {expected}. {fix}")
+
+
+def _infer(
+    a: Tensor, b: Tensor, offs: Tensor | None, bias: Tensor | None, out_dtype: torch.dtype | None
+) -> tuple[str, tuple[int, ...], torch.dtype]:
+    """Check everything but the offsets' values; return (mode, output shape, output dtype)."""
+    for name, t in (("mat_a", a), ("mat_b", b)):
+        if not isinstance(t, Tensor):
+            raise _bad(f"type({name})", type(t).__name__, "a torch.Tensor", "Pass a tensor.")
+        if t.dim() not in (2, 3):
+            shown = f"{t.dim()} (shape {tuple(t.shape)})"
+            raise _bad(f"{name}.dim()", shown, "2 or 3", "Pass (M, K) rows or a (G, ., .) batch.")
+    if a.dtype not in GROUPED_DTYPES:
+        raise GemmUnsupportedError(
+            f"grouped_mm: mat_a.dtype is {a.dtype}; expected one of {list(GROUPED_DTYPES)}. "
+            "Cast the operands with .to(torch.float32) (or bfloat16)."
+        )
+    if b.dtype != a.dtype:
+        raise _bad("mat_b.dtype", b.dtype, f"mat_a.dtype = {a.dtype}", "Cast one operand.")
+    if b.device != a.device:
+        raise _bad("mat_b.device", b.device, f"mat_a.device = {a.device}", "Move one operand.")
+    mode = _MODES[(a.dim(), b.dim())]
+    if a.shape[-1] != b.shape[-2]:
+        shown = f"{tuple(b.shape)} (contraction size {b.shape[-2]})"
+        want = f"contraction size mat_a.shape[-1] = {a.shape[-1]} (mat_a {tuple(a.shape)})"
+        fix = "(G, N, K) expert weights go in as w.transpose(-2, -1)."
+        raise _bad("mat_b.shape", shown, want, fix)
+    if mode == "3d3d":
+        if offs is not None:
+            shown = f"a tensor of shape {tuple(offs.shape)}"
+            raise _bad("offs", shown, "None for 3-D x 3-D", "Drop offs.")
+        if b.shape[0] != a.shape[0]:
+            want = f"mat_a.shape[0] = {a.shape[0]} groups"
+            raise _bad("mat_b.shape[0]", b.shape[0], want, "Pass equal batches.")
+        groups = a.shape[0]
+    else:
+        groups = _check_offs_tensor(offs, a, mode, b)
+    if mode == "2d2d":
+        out_shape: tuple[int, ...] = (groups, a.shape[0], b.shape[1])
+    elif mode == "3d3d":
+        out_shape = (groups, a.shape[1], b.shape[2])
+    else:  # rows of a 2-D mat_a, or of each 3-D mat_a entry, by columns of mat_b
+        out_shape = (a.shape[-2], b.shape[-1])
+    dtype = a.dtype if out_dtype is None else out_dtype
+    if dtype != a.dtype and not (a.dtype in _HALF and dtype == torch.float32):
+        allowed = f"None, {a.dtype} or torch.float32" if a.dtype in _HALF else f"None or {a.dtype}"
+        raise GemmUnsupportedError(
+            f"grouped_mm: out_dtype is {out_dtype} for {a.dtype} inputs; expected {allowed}. "
+            "Cast the result instead."
+        )
+    if bias is not None:
+        want_shape = (out_shape[-1],) if mode == "3d2d" else (groups, out_shape[-1])
+        if not isinstance(bias, Tensor) or tuple(bias.shape) != want_shape:
+            got = str(tuple(bias.shape)) if isinstance(bias, Tensor) else type(bias).__name__
+            want = f"{want_shape}, {'(N,)' if mode == '3d2d' else '(G, N)'}"
+            raise _bad("bias.shape", got, want, "Pass one bias row per group.")
+        if bias.dtype not in (a.dtype, dtype) or bias.device != a.device:
+            shown, want = f"{bias.dtype} on {bias.device}", f"{a.dtype} or {dtype} on {a.device}"
+            raise _bad("bias", shown, want, "Cast or move the bias.")
+    return mode, out_shape, dtype
+
+
+def _check_offs_tensor(offs: Tensor | None, a: Tensor, mode: str, b: Tensor) -> int:
+    """Check offs as a tensor (not its values); return the number of groups."""
+    if offs is None:
+        want = f"an int32 tensor of group ends for {_FORMS[mode]} operands"
+        raise _bad("offs", None, want, "Pass torch.cumsum(group_sizes, 0).to(torch.int32).")
+    if not isinstance(offs, Tensor) or offs.dtype != torch.int32:
+        shown = getattr(offs, "dtype", type(offs).__name__)
+        raise _bad("offs.dtype", shown, "torch.int32", "Convert with offs.to(torch.int32).")
+    if offs.dim() != 1:
+        shown = f"{offs.dim()} (shape {tuple(offs.shape)})"
+        raise _bad("offs.dim()", shown, "1", "Pass one end offset per group.")
+    if offs.device != a.device:
+        raise _bad("offs.device", offs.device, f"mat_a.device = {a.device}", "Move offs.")
+    n = offs.shape[0]
+    if mode == "2d3d" and n != b.shape[0]:
+        want = f"mat_b.shape[0] = {b.shape[0]} groups"
+        raise _bad("offs.shape[0]", n, want, "Pass one offset per expert weight.")
+    if mode == "3d2d" and n != a.shape[0]:
+        want = f"mat_a.shape[0] = {a.shape[0]} groups"
+        raise _bad("offs.shape[0]", n, want, "Pass one offset per entry of mat_a.")
+    return n
+
+
+def _ends(offs: Tensor, limit: int, dim: str) -> list[int]:
+    """The offsets as Python ints, checked: non-negative, non-decreasing, last <= limit."""
+    ends: list[int] = offs.tolist()
+    prev = 0
+    for i, e in enumerate(ends):
+        if e < prev:
+            want = f">= {f'offs[{i - 1}] = {prev}' if i else '0'} (group ends never decrease)"
+            raise _bad(f"offs[{i}]", e, want, "Pass torch.cumsum(group_sizes, 0).to(torch.int32).")
+        prev = e
+    if ends and ends[-1] > limit:
+        fix = f"The groups cover more than the {limit} entries along {dim}."
+        raise _bad(f"offs[-1] (offs[{len(ends) - 1}])", ends[-1], f"<= {dim} = {limit}", fix)
+    return ends
+
+
+# --------------------------------------------------------------------------- the op
+
+
+@torch.library.custom_op("torchnext::grouped_mm", mutates_args=())
+def _grouped_mm_op(
+    mat_a: Tensor,
+    mat_b: Tensor,
+    offs: Tensor | None,
+    bias: Tensor | None,
+    out_dtype: torch.dtype | None,
+) -> Tensor:
+    return _forward(mat_a, mat_b, offs, bias, _infer(mat_a, mat_b, offs, bias, out_dtype))
+
+
+def _forward(
+    mat_a: Tensor,
+    mat_b: Tensor,
+    offs: Tensor | None,
+    bias: Tensor | None,
+    inferred: tuple[str, tuple[int, ...], torch.dtype],
+) -> Tensor:
+    mode, shape, dtype = inferred
+    a, b = mat_a.detach(), mat_b.detach()
+    x = None if bias is None else bias.detach()
+    if mode == "3d3d":
+        return _batched(a, b, x, dtype)
+    offs = cast(Tensor, offs)  # _infer raised unless offs is a tensor here
+    jagged = {"2d3d": ("M", a.shape[0]), "3d2d": ("N", b.shape[1]), "2d2d": ("K", a.shape[1])}
+    problem = _Problem(mode, shape, dtype, _ends(offs, jagged[mode][1], jagged[mode][0]))
+    if a.device.type == "cuda":
+        routed = _cuda_route(a, b, offs, x, problem)
+        if routed is not None:
+            return routed
+    return _looped(a, b, offs, x, problem)
+
+
+@_grouped_mm_op.register_fake
+def _grouped_mm_fake(
+    mat_a: Tensor,
+    mat_b: Tensor,
+    offs: Tensor | None,
+    bias: Tensor | None,
+    out_dtype: torch.dtype | None,
+) -> Tensor:
+    _, shape, dtype = _infer(mat_a, mat_b, offs, bias, out_dtype)
+    return mat_a.new_empty(shape, dtype=dtype)
+
+
+def _setup_context(
+    ctx: torch.autograd.function.FunctionCtx, inputs: Sequence[object], output: Tensor
+) -> None:
+    a, b, offs, bias, _ = inputs
+    ctx.save_for_backward(cast(Tensor, a), cast(Tensor, b), cast(Tensor, offs))  # offs may be None
+    ctx.bias_dtype = bias.dtype if isinstance(bias, Tensor) else None  # type: ignore[attr-defined]
+
+
+def _backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
+    # In every form dA = grouped_mm(dOut, B^T) and dB = grouped_mm(A^T, dOut) with the same
+    # offs (each a grouped GEMM of another form), so the backward runs on the same routes and
+    # is itself differentiable.
+    a, b, offs = ctx.saved_tensors  # type: ignore[attr-defined]
+    need_a, need_b, _, need_bias, _ = ctx.needs_input_grad  # type: ignore[attr-defined]
+    g = grad.to(a.dtype)
+    da = grouped_mm(g, b.transpose(-2, -1), offs=offs) if need_a else None
+    db = grouped_mm(a.transpose(-2, -1), g, offs=offs) if need_b else None
+    dbias = None
+    if need_bias:
+        mode = _MODES[(a.dim(), b.dim())]
+        if mode == "2d3d":  # per-group row sums: a 2-D x 2-D grouped GEMM with a ones row
+            ones = grad.new_ones(1, grad.shape[0])
+            dbias = grouped_mm(ones, grad, offs=offs).squeeze(1)
+        elif mode == "3d2d":  # columns past offs[-1] got no bias
+            last = offs[-1:] if offs.numel() else offs.new_zeros(1)
+            used = torch.arange(grad.shape[1], device=grad.device) < last
+            dbias = grad.sum(0) * used
+        else:
+            dbias = grad.sum(1)
+        dbias = dbias.to(ctx.bias_dtype)  # type: ignore[attr-defined]
+    return da, db, None, dbias, None
+
+
+_grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------- routes
+
+
+def _batched(a: Tensor, b: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """3-D x 3-D: one ``bmm`` (MKL splits the batch over threads on the CPU)."""
+    wide = a.device.type == "cpu" and a.dtype in _HALF and _cpu_upcasts()
+    if wide or dtype != a.dtype:
+        a, b = a.float(), b.float()
+    out = torch.bmm(a, b) if bias is None else torch.baddbmm(bias.to(a.dtype)[:, None, :], a, b)
+    return out.to(dtype)
+
+
+def _cuda_route(
+    a: Tensor, b: Tensor, offs: Tensor, bias: Tensor | None, p: _Problem
+) -> Tensor | None:
+    """torch's kernel where it has one (sm90/sm100 bf16), else Triton; None: loop instead."""
+    mode, _, dtype, ends = p
+    native = _gi.native_grouped_mm()
+    if (
+        native is not None
+        and bias is None
+        and dtype == a.dtype
+        and ends
+        and _gi.native_grouped_mm_is_kernel(a.device, a.dtype)
+        and _gi.native_grouped_mm_accepts_layout(a)
+        and _gi.native_grouped_mm_accepts_layout(b)
+    ):
+        return _zero_tail(native(a, b, offs=offs.contiguous()), mode, ends)
+    if triton_grouped.triton_available() and a.dtype != torch.float64 and ends:
+        return triton_grouped.grouped_mm_triton(a, b, offs, bias=bias, out_dtype=dtype)
+    return None
+
+
+def _zero_tail(out: Tensor, mode: str, ends: list[int]) -> Tensor:
+    """Zero what torch's op leaves uninitialised; also drop its 16-byte row padding."""
+    out = out.contiguous()
+    if mode == "2d3d" and ends[-1] < out.shape[0]:
+        out[ends[-1] :] = 0
+    elif mode == "3d2d" and ends[-1] < out.shape[1]:
+        out[:, ends[-1] :] = 0
+    return out
+
+
+_Item = tuple[Tensor, Tensor, Tensor, "Tensor | None"]  # a_mk, b_kn, out_mn, bias_n
+
+
+class _Problem(NamedTuple):
+    mode: str  # "2d3d", "3d3d", "2d2d" or "3d2d"
+    shape: tuple[int, ...]  # of the output
+    dtype: torch.dtype  # of the output
+    ends: list[int]  # offs, checked
+
+
+def _looped(a: Tensor, b: Tensor, offs: Tensor, bias: Tensor | None, p: _Problem) -> Tensor:
+    """One ``mm`` per non-empty group: inline, on the worker threads, or torch's C++ loop."""
+    mode, shape, dtype, ends = p
+    cpu = a.device.type == "cpu"
+    wide = cpu and a.dtype in _HALF and _cpu_upcasts()
+    threads = torch.get_num_threads() if cpu and _threads_are_per_worker() else 1
+    used = ends[-1] if ends else 0
+    # Multiply-adds: the used extent of the jagged dimension times the two others.
+    if mode == "2d2d":
+        macs = used * shape[1] * shape[2]
+    else:
+        macs = used * a.shape[-1] * (shape[1] if mode == "2d3d" else shape[0])
+    threaded = threads > 1 and macs >= _THREADED_MIN_MACS
+    native = _gi.native_grouped_mm()
+    if (
+        native is not None
+        and cpu
+        and not threaded
+        and ends
+        and bias is None
+        and a.dtype == dtype == torch.float32
+        and _gi.native_grouped_mm_accepts_layout(a)
+        and _gi.native_grouped_mm_accepts_layout(b)
+    ):
+        # On one thread (or a small problem) torch's C++ loop is this loop without Python's
+        # per-group cost; its one flaw, the uninitialised tail, is fixed here.
+        return _zero_tail(native(a, b, offs=offs.contiguous()), mode, ends)
+    out = torch.empty(shape, dtype=dtype, device=a.device)
+    items: list[_Item] = []
+    start = 0
+    for g, end in enumerate(ends):
+        x = None if bias is None else (bias[start:end] if mode == "3d2d" else bias[g])
+        if mode == "2d3d" and end > start:
+            items.append((a[start:end], b[g], out[start:end], x))
+        elif mode == "3d2d" and end > start:
+            items.append((a[g], b[:, start:end], out[:, start:end], x))
+        elif mode == "2d2d":  # every group writes its (M, N) block, zero when K is empty
+            items.append((a[:, start:end], b[start:end], out[g], x))
+        start = end
+    if ends:
+        _zero_tail(out, mode, ends)
+    else:
+        out.zero_()
+    if threaded and len(items) > 1:
+        pool = _pool()
+        for f in [pool.submit(_run, c, wide) for c in _balance(items, threads)]:
+            f.result()
+    else:
+        _run(items, wide)
+    return out
+
+
+def _run(items: Sequence[_Item], wide: bool) -> None:
+    # no_grad: worker threads do not inherit the op's autograd exclusion, and out= refuses
+    # inputs that require grad.
+    with torch.no_grad():
+        for a, b, out, bias in items:
+            if wide or out.dtype != a.dtype:
+                # 16-bit in, float32 accumulate: exact products, one rounding at the end.
+                r = torch.mm(a.float(), b.float())
+                out.copy_(r if bias is None else r + bias.float())
+            elif bias is None:
+                torch.mm(a, b, out=out)
+            else:
+                torch.addmm(bias, a, b, out=out)
+
+
+def _balance(items: Sequence[_Item], parts: int) -> list[list[_Item]]:
+    """Split ``items`` into ``parts`` runs of about equal cost, cutting groups by rows."""
+
+    def cost(rows: int, it: _Item) -> float:
+        return (rows + _WEIGHT_ROWS) * it[0].shape[1] * it[1].shape[1]
+
+    total = sum(cost(it[0].shape[0], it) for it in items)
+    chunks: list[list[_Item]] = [[] for _ in range(parts)]
+    spent, part = 0.0, 0
+    for it in items:
+        a, b, out, x = it
+        row = 0
+        while row < a.shape[0]:
+            room = total * (part + 1) / parts - spent
+            rows_left = a.shape[0] - row
+            if part == parts - 1 or cost(rows_left, it) <= room * 1.05:
+                take = rows_left
+            else:
+                take = int(room / (a.shape[1] * b.shape[1])) - _WEIGHT_ROWS
+                if take < 8:  # not worth a second read of this weight: next thread
+                    part += 1
+                    continue
+            chunks[part].append((a[row : row + take], b, out[row : row + take], x))
+            spent += cost(take, it)
+            row += take
+            if row < a.shape[0]:
+                part += 1
+    return [c for c in chunks if c]
+
+
+# --------------------------------------------------------------------------- CPU facts
+
+
+@cache
+def _threads_are_per_worker() -> bool:
+    """Whether ``torch.set_num_threads`` in a worker thread leaves the caller's alone.
+
+    True under OpenMP (the thread count is a per-thread setting); the pool is used only then.
+    """
+    return "OpenMP" in torch.__config__.parallel_info().split("parallel backend:")[-1]
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_PID = -1
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Worker threads that each run torch single-threaded (one group at a time per core)."""
+    global _POOL, _POOL_PID
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_PID != os.getpid():  # a forked child needs its own threads
+            _POOL = ThreadPoolExecutor(
+                max_workers=os.cpu_count() or 1,
+                thread_name_prefix="torchnext-grouped-mm",
+                initializer=torch.set_num_threads,
+                initargs=(1,),
+            )
+            _POOL_PID = os.getpid()
+        return _POOL
+
+
+@cache
+def _cpu_upcasts() -> bool:
+    """Whether float32 GEMM beats bfloat16 GEMM on this CPU (true without bf16 instructions).
+
+    Measured once: on AVX2 CPUs bfloat16 ``mm`` is emulated and 10-20x slower than
+    converting to float32, which also accumulates in float32 (the same numerics).
+    """
+    import time
+
+    a_MK = torch.ones(64, 256, dtype=torch.bfloat16)  # not randn: leave the user's RNG alone
+    b_KN = torch.ones(256, 256, dtype=torch.bfloat16)
+
+    def best(fn: object) -> float:
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()  # type: ignore[operator]
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return best(lambda: a_MK.float() @ b_KN.float()) < best(lambda: a_MK @ b_KN)
