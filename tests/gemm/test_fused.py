@@ -249,3 +249,11 @@ def test_linear_sends_decode_and_quantized_weights_to_the_gemv_path() -> None:
     want_q = F.gelu(xq.double() @ q.dequantize(torch.float64).t())
     torch.testing.assert_close(got_q.double(), want_q, rtol=1e-4, atol=1e-4)
     assert abs(amax.item() - want_q.abs().max().item()) <= 1e-4 * want_q.abs().max().item()
+
+
+def test_a_first_call_on_nan_inputs_tunes_without_failing() -> None:
+    # Every route's NaN output "disagrees" with the reference's; the reference stays usable.
+    a = torch.full((4, 8), float("nan"))
+    out = gemm(a, torch.randn(8, 4), epilogue=Epilogue(relu()))
+    assert out.isnan().all()
+    assert list(autotune.tuned_choices().values()) == ["aten+eager"]
