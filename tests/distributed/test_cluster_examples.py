@@ -87,10 +87,7 @@ for part in re.findall(r"[^,\\[]+(?:\\[[^\\]]*\\])?", sys.argv[3]):
 # ``torchnext ...`` that prints its argv as one JSON line (the quick tests). One write(2) of
 # the whole line: the nodes' stand-ins share one pipe, and a write under PIPE_BUF is atomic,
 # where print() may split the text and its newline and interleave with another node's.
-ECHO = (
-    "import json, os, sys\n"
-    "os.write(1, (json.dumps(sys.argv[1:]) + '\\n').encode())\n"
-)
+ECHO = "import json, os, sys\nos.write(1, (json.dumps(sys.argv[1:]) + '\\n').encode())\n"
 
 
 def _shim(folder: Path, name: str, body: str) -> None:
