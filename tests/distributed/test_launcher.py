@@ -143,12 +143,16 @@ def test_evicted_worker_is_killed_and_replaced(tmp_path: Path) -> None:
         from datetime import timedelta
         from torchnext.distributed.launcher import connect_store, EVICTED_KEY_PREFIX
         me = os.environ["TORCHNEXT_MEMBER_ID"]
+        store = connect_store(os.environ["TORCHNEXT_STORE_ADDR"], timedelta(seconds=60))
         if me == "n0w1":
-            store = connect_store(os.environ["TORCHNEXT_STORE_ADDR"], timedelta(seconds=10))
             store.set(EVICTED_KEY_PREFIX + me, "1")
             time.sleep(60)  # hung: only the agent's SIGKILL ends this
+        if me == "n0w1.r1":
+            store.set("test/replacement-started", "1")
         if me == "n0w0":
-            time.sleep(2)
+            # Stay until the replacement runs (bounded), so the job cannot end before the
+            # agent acted on the eviction, however slow the machine.
+            store.wait(["test/replacement-started"], timedelta(seconds=60))
         """,
     )
     rc, _, agent = _run(script, AgentConfig(nproc=2, max_restarts=1))
