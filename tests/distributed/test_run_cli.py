@@ -43,7 +43,17 @@ import os, time
 def helper(x):
     return x / 0
 
-if os.environ["TORCHNEXT_MEMBER_ID"] in os.environ["RAISERS"].split(","):
+raisers = os.environ["RAISERS"].split(",")
+if os.environ["TORCHNEXT_MEMBER_ID"] in raisers:
+    # The raisers meet first (bounded), so a slow start cannot let the agent stop one of
+    # them before it raised.
+    here = os.path.dirname(os.path.abspath(__file__))
+    open(os.path.join(here, os.environ["TORCHNEXT_MEMBER_ID"] + ".ready"), "w").close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if all(os.path.exists(os.path.join(here, r + ".ready")) for r in raisers):
+            break
+        time.sleep(0.01)
     helper(1)
 time.sleep(60)  # a worker that does not raise is stopped by the agent
 """
