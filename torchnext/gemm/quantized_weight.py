@@ -36,6 +36,7 @@ bytes, ``G = K/block`` scale groups, ``B = ceil(N/8)`` row blocks, ``Q = K/4`` c
 
 from __future__ import annotations
 
+import abc
 import functools
 from typing import ClassVar, Literal
 
@@ -91,7 +92,7 @@ def _from_blocked(t_BY: Tensor, per_row: int, n: int) -> Tensor:
     return t_BY.view(b, y, per_row, 8).permute(0, 3, 1, 2).reshape(8 * b, y * per_row)[:n]
 
 
-class QuantizedWeight:
+class QuantizedWeight(abc.ABC):
     """A 4-bit weight ``[N, K]``: codes two per byte plus per-block scales (and zeros).
 
     Build one with a subclass's ``from_float``; ``nbytes`` is the packed size, the only memory
@@ -213,8 +214,9 @@ class QuantizedWeight:
         rows = _from_blocked(raw[b0:b1], per_row, 8 * (b1 - b0)).view(t.dtype)
         return rows[start - 8 * b0 : stop - 8 * b0]
 
+    @abc.abstractmethod
     def _dequantize(self, codes_RP: Tensor, scales_RG: Tensor, zeros_RG: Tensor | None) -> Tensor:
-        raise NotImplementedError
+        """Each format's decode of stored rows to float32 (NVFP4, MXFP4 and int4 differ)."""
 
     def to(self, device: torch.device | str) -> QuantizedWeight:
         """The same weight on ``device`` (re-laid out for that device's kernel)."""
