@@ -193,6 +193,12 @@ def _dense_linear(
             f"linear(weight): got {_describe(weight)}; expected a 2-D [N, K] tensor as in "
             "nn.Linear, or a quantized weight (NVFP4Weight, MXFP4Weight, Int4Weight)"
         )
+    if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] != weight.shape[1]:
+        raise GemmInputError(
+            f"linear(x, weight): x is {list(x.shape)} (K={x.shape[-1]}), weight is "
+            f"{list(weight.shape)} (K={weight.shape[1]}); expected x [..., K] and weight [N, K] "
+            "as in nn.Linear"
+        )
     decode = x.dim() >= 1 and x.shape[-1] > 0 and x.numel() // x.shape[-1] <= GEMV_MAX_ROWS
     if not decode or gemv.route(x, weight) == "aten":
         return gemm(x, weight.t(), bias=bias, epilogue=epilogue, out_dtype=out_dtype)
