@@ -18,7 +18,7 @@ import torch
 
 from torchnext.compat import gemm_internals
 from torchnext.errors import GemmInputError, GemmUnsupportedError
-from torchnext.gemm import grouped as grouped_module
+from torchnext.gemm import grouped_cpu
 from torchnext.gemm.grouped import GROUPED_DTYPES, available_routes, grouped_mm
 
 # Shape legend: G groups, M rows, K contraction, N columns.
@@ -184,7 +184,7 @@ def test_large_problems_split_across_threads_stay_exact_enough(
 ) -> None:
     # Every size takes the worker threads (at 2 threads), so groups are cut between them;
     # the 16-bit case also goes through the widening path on the workers.
-    monkeypatch.setattr(grouped_module, "_THREADED_MIN_MACS", 0)
+    monkeypatch.setattr(grouped_cpu, "_THREADED_MIN_MACS", 0)
     before = torch.get_num_threads()
     gen = torch.Generator().manual_seed(11)
     counts = torch.tensor([0, 190, 3, 0, 41, 7, 120, 1, 0, 60])
@@ -220,7 +220,7 @@ def test_balanced_runs_cover_every_row_once() -> None:
         for n in (3, 400, 0, 60, 37)
     ]
     for parts in (2, 3, 5):
-        runs = grouped_module._balance(items, parts)
+        runs = grouped_cpu._balance(items, parts)
         assert 1 <= len(runs) <= parts
         for i, (a, _, o, _) in enumerate(items):
             pieces = [p for run in runs for p in run if p[1] is items[i][1]]

@@ -19,6 +19,7 @@ from torchnext.gemm import scaled as sc
 from torchnext.gemm.scaled import ScalingType as S
 from torchnext.gemm.scaled import SwizzleType as Z
 from torchnext.gemm.scaled import mm_quantized, scaled_mm
+from torchnext.gemm.scaled_plan import plan_scaled_mm
 
 FP4 = torch.float4_e2m1fn_x2
 EPS = torch.finfo(torch.float32).eps
@@ -66,7 +67,7 @@ def test_rowwise_emulation_matches_reference() -> None:
     x, w = operands(17, 40, 96)
     a, b = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
     sa, sb = torch.rand(17, 1) + 0.5, torch.rand(1, 40) + 0.5
-    plan = sc._plan(a, b.t(), sa, S.RowWise, sb, S.RowWise, None, None)
+    plan = plan_scaled_mm(a, b.t(), sa, S.RowWise, sb, S.RowWise, None, None)
     out = sc._emulate(plan, None, torch.float32)
     assert_close_to_reference(out, a.float() * sa, b.float() * sb.t())
 
@@ -394,7 +395,7 @@ def test_fnuz_float8_runs_tensorwise_and_refuses_block_recipes() -> None:
     ours = scaled_mm(a, b, sa, S.TensorWise, sb, S.TensorWise, output_dtype=torch.float32)
     assert torch.equal(ours, F.scaled_mm(a, b, sa, S.TensorWise, sb, S.TensorWise,
                                          output_dtype=torch.float32))  # fmt: skip
-    plan = sc._plan(a, b, sa, S.TensorWise, sb, S.TensorWise, None, None)
+    plan = plan_scaled_mm(a, b, sa, S.TensorWise, sb, S.TensorWise, None, None)
     assert_close_to_reference(sc._emulate(plan, None, torch.float32), a.float() * 0.5,
                               b.t().float() * 2.0)  # fmt: skip
     e8 = torch.ones(6, 2).to(torch.float8_e8m0fnu)
@@ -420,7 +421,7 @@ def test_native_cuda_arguments_pass_torchs_meta_checks(kind: str) -> None:
         sa: Any = pa.scales if pts is None else [pa.scales, pts]
         ra: Any = S.BlockWise1x16 if pts is None else [S.BlockWise1x16, S.TensorWise]
         given = (fp4(pa), fp4(pb).t(), sa, ra, pb.scales.t(), S.BlockWise1x16)
-    plan = sc._plan(*given, None, None)
+    plan = plan_scaled_mm(*given, None, None)
     keys = ("scale_a", "scale_recipe_a", "scale_b", "scale_recipe_b")
     args = sc._native_args(plan, given[0], given[1], dict(zip(keys, given[2:], strict=True)))
 

@@ -9,25 +9,19 @@ process: the checks run before Triton is imported.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from triton_interpreter import HAS_TRITON, needs_triton, run_child
 
 from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import epilogue as ep
 from torchnext.gemm.epilogue import Epilogue
 from torchnext.gemm.triton_gemm import MAX_STEPS, triton_available, triton_gemm
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-needs_triton = pytest.mark.skipif(
-    not HAS_TRITON, reason="Triton is not installed (pip install torchnext[gpu])"
-)
 
 # Shared by the interpreted child and the GPU test: the cases and their float64 check.
 _CASES = textwrap.dedent(
@@ -186,17 +180,7 @@ def _check_rows(rows: list[dict[str, object]]) -> None:
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, object]:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=110,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, object] = run_child(_CHILD)
     return result
 
 

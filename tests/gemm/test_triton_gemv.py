@@ -8,23 +8,16 @@ that stay finite exactly (one-hot rows of ``x`` read single weights back).
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from triton_interpreter import needs_triton, run_child
 
 from torchnext.gemm import gemv
 from torchnext.gemm.quantized_weight import NVFP4Weight
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None,
-    reason="Triton is not installed (pip install torchnext[gpu])",
-)
+pytestmark = needs_triton
 
 _CHILD = textwrap.dedent(
     """
@@ -70,17 +63,7 @@ _CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def interpreted_rows() -> list[dict[str, object]]:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=110,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows: list[dict[str, object]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows: list[dict[str, object]] = run_child(_CHILD)
     return rows
 
 

@@ -10,20 +10,15 @@ alone would not catch (Triton's compiler is stricter than its interpreter).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from triton_interpreter import SKIP_REASON, run_child
 
 from torchnext.gemm.triton_grouped import triton_available
 
-pytestmark = pytest.mark.skipif(
-    not triton_available(), reason="Triton is not installed (pip install torchnext[gpu])"
-)
+pytestmark = pytest.mark.skipif(not triton_available(), reason=SKIP_REASON)
 
 _INTERPRETED = textwrap.dedent(
     """
@@ -100,25 +95,9 @@ _COMPILED = textwrap.dedent(
 )
 
 
-def _child(program: str, *, interpret: bool) -> object:
-    env = dict(os.environ)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=110,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def interpreted_rows() -> list[dict[str, object]]:
-    rows = _child(_INTERPRETED, interpret=True)
+    rows = run_child(_INTERPRETED, interpret=True)
     assert isinstance(rows, list)
     return rows
 
@@ -137,7 +116,7 @@ def test_kernel_matches_the_cpu_route_in_every_form(
 
 
 def test_kernel_compiles_for_ampere_and_hopper_without_a_gpu() -> None:
-    done = _child(_COMPILED, interpret=False)
+    done = run_child(_COMPILED, interpret=False)
     assert isinstance(done, list) and len(done) == 8
     assert all(ok for *_, ok in done), done
 

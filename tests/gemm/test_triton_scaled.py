@@ -8,21 +8,14 @@ child process; it is compared there with the CPU emulation of ``scaled_mm`` on t
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
 import pytest
 import torch
+from triton_interpreter import needs_triton, run_child
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None,
-    reason="Triton is not installed (pip install torchnext[gpu])",
-)
+pytestmark = needs_triton
 
 # Builds (name, plan args) cases; shared by the interpreter child and the GPU test.
 _CASES = """
@@ -64,10 +57,11 @@ _CHILD = textwrap.dedent(
     """
     import json, torch
     from torchnext.gemm import scaled as sc
+    from torchnext.gemm.scaled_plan import plan_scaled_mm
     from torchnext.gemm.triton_scaled import scaled_mm_triton
     rows = []
     for name, args in cases():
-        plan = sc._plan(*args)
+        plan = plan_scaled_mm(*args)
         n = plan.b.rows
         bias = torch.linspace(-1, 1, n)
         for dot_scaled in ((None, False) if name.startswith("mx") else (None,)):
@@ -92,17 +86,7 @@ _CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def interpreted_rows() -> list[dict[str, Any]]:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _CASES + _CHILD],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=110,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows: list[dict[str, Any]] = run_child(_CASES + _CHILD)
     return rows
 
 

@@ -6,21 +6,16 @@ in a child process; this module never imports Triton itself.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from triton_interpreter import SKIP_REASON, run_child
 
 from torchnext.linalg._triton_jacobi import triton_available
 from torchnext.linalg.dispatch import Problem, choose
 
-pytestmark = pytest.mark.skipif(
-    not triton_available(), reason="Triton is not installed (pip install torchnext[gpu])"
-)
+pytestmark = pytest.mark.skipif(not triton_available(), reason=SKIP_REASON)
 
 _CHILD = textwrap.dedent(
     """
@@ -59,17 +54,7 @@ _CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def interpreted_rows() -> list[dict[str, object]]:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=110,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows: list[dict[str, object]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows: list[dict[str, object]] = run_child(_CHILD)
     return rows
 
 

@@ -161,7 +161,7 @@ def native_scaled_mm() -> Callable[..., torch.Tensor] | None:
 
 
 # --------------------------------------------------------------------------- grouped GEMM
-# (owned by torchnext/gemm/grouped.py)
+# (owned by torchnext/gemm/grouped.py and grouped_cpu.py)
 # ======================================================  ===============================  ==============
 # access                                                  what for                         tested on
 # ======================================================  ===============================  ==============

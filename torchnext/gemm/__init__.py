@@ -16,6 +16,24 @@ torch people run (2.13 and older, CPU or any GPU): torch 2.14's NVGEMM calls, ev
 
 Importing this package imports neither Triton, torchao nor Inductor; each route loads what it
 needs on first use. ``torchnext doctor`` lists the routes this machine has.
+
+Modules (one concept each; import the public names from this package):
+
+- ``fused``, ``epilogue``, ``routes``, ``autotune``, ``compile_pass``: :func:`gemm` /
+  :func:`linear`, the epilogue, its routes, the route autotuner, the ``torch.compile`` backend.
+- ``triton_gemm`` (the fused-epilogue Triton template) and ``triton_gemm_checks`` (its
+  argument checks, run before Triton is imported).
+- ``scaled`` (:func:`scaled_mm`'s routes, CPU emulation, :func:`mm_quantized`) and
+  ``scaled_plan`` (its argument checks and plan); ``triton_scaled`` (the Triton kernel).
+- ``formats`` (NVFP4/MX quantizers, scale swizzle, torchao interop) and ``elements`` (FP4/FP8
+  element codes and ``ScaledOperand``, re-exported by ``formats``).
+- ``grouped`` (:func:`grouped_mm`: checks, op, backward, routes), ``grouped_cpu`` (the looped,
+  threaded route), ``triton_grouped`` (the Triton kernel).
+- ``gemv`` (the decode GEMV path), ``gemv_cpu`` (building and loading its C kernels),
+  ``gemv_cpu_source`` (their C source), ``triton_gemv`` (the Triton kernel).
+- ``quantized_weight`` (:class:`NVFP4Weight`, :class:`MXFP4Weight`, :class:`Int4Weight`) and
+  ``quantized_base`` (their base :class:`QuantizedWeight` and storage layout, re-exported by
+  ``quantized_weight``).
 """
 
 from __future__ import annotations

@@ -12,16 +12,10 @@ kernel) and on every other GPU (through one Triton kernel, :mod:`torchnext.gemm.
 It is a registered op (``torchnext::grouped_mm``) with a backward, so it works under
 autograd and inside ``torch.compile`` graphs. :func:`available_routes` lists what runs here.
 
-CPU routes, and why. A grouped GEMM streams each used expert's weight once and does
-2 rows K N flops per group. On one thread torch's C++ loop of ``mm`` is already at those
-two limits (no Python cost to remove), so one thread calls it. With more threads each
-small ``mm`` of that loop is its own OpenMP region: MKL does not split an 8-row GEMM, so
-the loop barely scales, and on a busy machine every region's barrier waits for a
-descheduled thread. Here the groups (cut by rows where one is large) are split into one
-balanced run per thread, each run on a worker thread that calls torch single-threaded: one
-hand-off per call instead of a barrier per group. 16-bit inputs are widened to float32 per
-group on CPUs without bfloat16 instructions (10-20x faster than the emulated bfloat16 GEMM,
-with the same float32 accumulation).
+CPU routes: 3-D x 3-D is one ``bmm``; every form with offsets takes the looped route of
+:mod:`torchnext.gemm.grouped_cpu` (torch's C++ loop on one thread, else balanced runs on
+worker threads; 16-bit inputs widened to float32 on CPUs without bfloat16 instructions).
+This module checks the arguments, registers the op and its backward, and picks the route.
 
 What not to assume:
 
@@ -38,12 +32,8 @@ What not to assume:
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import cache
-from typing import NamedTuple, cast
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -51,6 +41,13 @@ from torch import Tensor
 from torchnext.compat import gemm_internals as _gi
 from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import triton_grouped
+from torchnext.gemm.grouped_cpu import (
+    GroupedProblem,
+    cpu_upcasts,
+    grouped_mm_looped,
+    threads_are_per_worker,
+    zero_tail,
+)
 
 __all__ = ["grouped_mm", "available_routes", "GROUPED_DTYPES"]
 
@@ -64,12 +61,6 @@ GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HALF = (torch.bfloat16, torch.float16)
 _MODES = {(2, 3): "2d3d", (3, 3): "3d3d", (2, 2): "2d2d", (3, 2): "3d2d"}
 _FORMS = {"2d3d": "2-D x 3-D", "3d3d": "3-D x 3-D", "2d2d": "2-D x 2-D", "3d2d": "3-D x 2-D"}
-# Below this many multiply-adds a CPU call stays on the calling thread: handing work to the
-# pool costs tens of microseconds.
-_THREADED_MIN_MACS = 1 << 22
-# A group costs about its rows plus this many rows' worth of streaming its weight once
-# (memory bandwidth against FMA rate on the CPUs measured); used to balance threads.
-_WEIGHT_ROWS = 8
 
 
 def grouped_mm(
@@ -136,7 +127,7 @@ def available_routes(device: torch.device | str = "cpu") -> dict[str, bool]:
     cuda = dev.type == "cuda" and torch.cuda.is_available()
     return {
         "torch-loop": dev.type == "cpu" and _gi.native_grouped_mm() is not None,
-        "threads": dev.type == "cpu" and _threads_are_per_worker(),
+        "threads": dev.type == "cpu" and threads_are_per_worker(),
         "torch-kernel": cuda and _gi.native_grouped_mm_is_kernel(dev, torch.bfloat16),
         "triton": cuda and triton_grouped.triton_available(),
         "loop": True,
@@ -276,12 +267,12 @@ def _forward(
         return _batched(a, b, x, dtype)
     offs = cast(Tensor, offs)  # _infer raised unless offs is a tensor here
     jagged = {"2d3d": ("M", a.shape[0]), "3d2d": ("N", b.shape[1]), "2d2d": ("K", a.shape[1])}
-    problem = _Problem(mode, shape, dtype, _ends(offs, jagged[mode][1], jagged[mode][0]))
+    problem = GroupedProblem(mode, shape, dtype, _ends(offs, jagged[mode][1], jagged[mode][0]))
     if a.device.type == "cuda":
         routed = _cuda_route(a, b, offs, x, problem)
         if routed is not None:
             return routed
-    return _looped(a, b, offs, x, problem)
+    return grouped_mm_looped(a, b, offs, x, problem)
 
 
 @_grouped_mm_op.register_fake
@@ -337,7 +328,7 @@ _grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _batched(a: Tensor, b: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
     """3-D x 3-D: one ``bmm`` (MKL splits the batch over threads on the CPU)."""
-    wide = a.device.type == "cpu" and a.dtype in _HALF and _cpu_upcasts()
+    wide = a.device.type == "cpu" and a.dtype in _HALF and cpu_upcasts()
     if wide or dtype != a.dtype:
         a, b = a.float(), b.float()
     out = torch.bmm(a, b) if bias is None else torch.baddbmm(bias.to(a.dtype)[:, None, :], a, b)
@@ -345,7 +336,7 @@ def _batched(a: Tensor, b: Tensor, bias: Tensor | None, dtype: torch.dtype) -> T
 
 
 def _cuda_route(
-    a: Tensor, b: Tensor, offs: Tensor, bias: Tensor | None, p: _Problem
+    a: Tensor, b: Tensor, offs: Tensor, bias: Tensor | None, p: GroupedProblem
 ) -> Tensor | None:
     """torch's kernel where it has one (sm90/sm100 bf16), else Triton; None: loop instead."""
     mode, _, dtype, ends = p
@@ -359,179 +350,7 @@ def _cuda_route(
         and _gi.native_grouped_mm_accepts_layout(a)
         and _gi.native_grouped_mm_accepts_layout(b)
     ):
-        return _zero_tail(native(a, b, offs=offs.contiguous()), mode, ends)
+        return zero_tail(native(a, b, offs=offs.contiguous()), mode, ends)
     if triton_grouped.triton_available() and a.dtype != torch.float64 and ends:
         return triton_grouped.grouped_mm_triton(a, b, offs, bias=bias, out_dtype=dtype)
     return None
-
-
-def _zero_tail(out: Tensor, mode: str, ends: list[int]) -> Tensor:
-    """Zero what torch's op leaves uninitialised; also drop its 16-byte row padding."""
-    out = out.contiguous()
-    if mode == "2d3d" and ends[-1] < out.shape[0]:
-        out[ends[-1] :] = 0
-    elif mode == "3d2d" and ends[-1] < out.shape[1]:
-        out[:, ends[-1] :] = 0
-    return out
-
-
-_Item = tuple[Tensor, Tensor, Tensor, "Tensor | None"]  # a_mk, b_kn, out_mn, bias_n
-
-
-class _Problem(NamedTuple):
-    mode: str  # "2d3d", "3d3d", "2d2d" or "3d2d"
-    shape: tuple[int, ...]  # of the output
-    dtype: torch.dtype  # of the output
-    ends: list[int]  # offs, checked
-
-
-def _looped(a: Tensor, b: Tensor, offs: Tensor, bias: Tensor | None, p: _Problem) -> Tensor:
-    """One ``mm`` per non-empty group: inline, on the worker threads, or torch's C++ loop."""
-    mode, shape, dtype, ends = p
-    cpu = a.device.type == "cpu"
-    wide = cpu and a.dtype in _HALF and _cpu_upcasts()
-    threads = torch.get_num_threads() if cpu and _threads_are_per_worker() else 1
-    used = ends[-1] if ends else 0
-    # Multiply-adds: the used extent of the jagged dimension times the two others.
-    if mode == "2d2d":
-        macs = used * shape[1] * shape[2]
-    else:
-        macs = used * a.shape[-1] * (shape[1] if mode == "2d3d" else shape[0])
-    threaded = threads > 1 and macs >= _THREADED_MIN_MACS
-    native = _gi.native_grouped_mm()
-    if (
-        native is not None
-        and cpu
-        and not threaded
-        and ends
-        and bias is None
-        and a.dtype == dtype == torch.float32
-        and _gi.native_grouped_mm_accepts_layout(a)
-        and _gi.native_grouped_mm_accepts_layout(b)
-    ):
-        # On one thread (or a small problem) torch's C++ loop is this loop without Python's
-        # per-group cost; its one flaw, the uninitialised tail, is fixed here.
-        return _zero_tail(native(a, b, offs=offs.contiguous()), mode, ends)
-    out = torch.empty(shape, dtype=dtype, device=a.device)
-    items: list[_Item] = []
-    start = 0
-    for g, end in enumerate(ends):
-        x = None if bias is None else (bias[start:end] if mode == "3d2d" else bias[g])
-        if mode == "2d3d" and end > start:
-            items.append((a[start:end], b[g], out[start:end], x))
-        elif mode == "3d2d" and end > start:
-            items.append((a[g], b[:, start:end], out[:, start:end], x))
-        elif mode == "2d2d":  # every group writes its (M, N) block, zero when K is empty
-            items.append((a[:, start:end], b[start:end], out[g], x))
-        start = end
-    if ends:
-        _zero_tail(out, mode, ends)
-    else:
-        out.zero_()
-    if threaded and len(items) > 1:
-        pool = _pool()
-        for f in [pool.submit(_run, c, wide) for c in _balance(items, threads)]:
-            f.result()
-    else:
-        _run(items, wide)
-    return out
-
-
-def _run(items: Sequence[_Item], wide: bool) -> None:
-    # no_grad: worker threads do not inherit the op's autograd exclusion, and out= refuses
-    # inputs that require grad.
-    with torch.no_grad():
-        for a, b, out, bias in items:
-            if wide or out.dtype != a.dtype:
-                # 16-bit in, float32 accumulate: exact products, one rounding at the end.
-                r = torch.mm(a.float(), b.float())
-                out.copy_(r if bias is None else r + bias.float())
-            elif bias is None:
-                torch.mm(a, b, out=out)
-            else:
-                torch.addmm(bias, a, b, out=out)
-
-
-def _balance(items: Sequence[_Item], parts: int) -> list[list[_Item]]:
-    """Split ``items`` into ``parts`` runs of about equal cost, cutting groups by rows."""
-
-    def cost(rows: int, it: _Item) -> float:
-        return (rows + _WEIGHT_ROWS) * it[0].shape[1] * it[1].shape[1]
-
-    total = sum(cost(it[0].shape[0], it) for it in items)
-    chunks: list[list[_Item]] = [[] for _ in range(parts)]
-    spent, part = 0.0, 0
-    for it in items:
-        a, b, out, x = it
-        row = 0
-        while row < a.shape[0]:
-            room = total * (part + 1) / parts - spent
-            rows_left = a.shape[0] - row
-            if part == parts - 1 or cost(rows_left, it) <= room * 1.05:
-                take = rows_left
-            else:
-                take = int(room / (a.shape[1] * b.shape[1])) - _WEIGHT_ROWS
-                if take < 8:  # not worth a second read of this weight: next thread
-                    part += 1
-                    continue
-            chunks[part].append((a[row : row + take], b, out[row : row + take], x))
-            spent += cost(take, it)
-            row += take
-            if row < a.shape[0]:
-                part += 1
-    return [c for c in chunks if c]
-
-
-# --------------------------------------------------------------------------- CPU facts
-
-
-@cache
-def _threads_are_per_worker() -> bool:
-    """Whether ``torch.set_num_threads`` in a worker thread leaves the caller's alone.
-
-    True under OpenMP (the thread count is a per-thread setting); the pool is used only then.
-    """
-    return "OpenMP" in torch.__config__.parallel_info().split("parallel backend:")[-1]
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_PID = -1
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """Worker threads that each run torch single-threaded (one group at a time per core)."""
-    global _POOL, _POOL_PID
-    with _POOL_LOCK:
-        if _POOL is None or _POOL_PID != os.getpid():  # a forked child needs its own threads
-            _POOL = ThreadPoolExecutor(
-                max_workers=os.cpu_count() or 1,
-                thread_name_prefix="torchnext-grouped-mm",
-                initializer=torch.set_num_threads,
-                initargs=(1,),
-            )
-            _POOL_PID = os.getpid()
-        return _POOL
-
-
-@cache
-def _cpu_upcasts() -> bool:
-    """Whether float32 GEMM beats bfloat16 GEMM on this CPU (true without bf16 instructions).
-
-    Measured once: on AVX2 CPUs bfloat16 ``mm`` is emulated and 10-20x slower than
-    converting to float32, which also accumulates in float32 (the same numerics).
-    """
-    import time
-
-    a_MK = torch.ones(64, 256, dtype=torch.bfloat16)  # not randn: leave the user's RNG alone
-    b_KN = torch.ones(256, 256, dtype=torch.bfloat16)
-
-    def best(fn: object) -> float:
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()  # type: ignore[operator]
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    return best(lambda: a_MK.float() @ b_KN.float()) < best(lambda: a_MK @ b_KN)

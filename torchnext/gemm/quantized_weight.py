@@ -21,8 +21,10 @@ The FP4 quantizers are :mod:`torchnext.gemm.formats`' (bit for bit torchao 0.18'
 ``NVFP4Weight.from_torchao`` / ``MXFP4Weight.from_torchao`` (or :func:`weight_from_torchao`)
 take torchao's ``NVFP4Tensor`` / ``MXTensor`` (any scale swizzle).
 
-Layout: on the CPU the codes and scales are stored in the GEMV kernel's ``blocked8`` layout
-(see :mod:`torchnext.gemm.gemv_cpu`; a permutation of the row-major form, rows padded to a
+The base class, :class:`QuantizedWeight`, and the storage layout are in
+:mod:`torchnext.gemm.quantized_base` (re-exported here). Layout: on the CPU the codes and
+scales are stored in the GEMV kernel's ``blocked8`` layout (see
+:mod:`torchnext.gemm.gemv_cpu_source`; a permutation of the row-major form, rows padded to a
 multiple of 8); on other devices row-major ``[N, K/2]`` like torchao's. ``codes_rows()`` and
 ``scales_rows()`` give the row-major form on any device.
 
@@ -36,9 +38,7 @@ bytes, ``G = K/block`` scale groups, ``B = ceil(N/8)`` row blocks, ``Q = K/4`` c
 
 from __future__ import annotations
 
-import abc
-import functools
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -46,6 +46,7 @@ from torch import Tensor
 from torchnext.compat import gemm_internals
 from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import formats
+from torchnext.gemm.quantized_base import SCALE_KINDS, QuantizedWeight, check_weight
 
 __all__ = [
     "SCALE_KINDS",
@@ -56,205 +57,8 @@ __all__ = [
     "weight_from_torchao",
 ]
 
-SCALE_KINDS: dict[object, int] = {
-    "e4m3": 0,
-    "e8m0": 1,
-    torch.bfloat16: 2,
-    torch.float16: 3,
-    torch.float32: 4,
-}
-"""How the kernels read a scale: its encoding -> the code they take. An ``e4m3`` scale is read
-as float16 bits, which is its value times ``2**-8`` (the weight's ``out_scale`` undoes it)."""
-
 _INT4_GROUPS = (32, 64, 128, 256)
 _INT4_SCALE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-@functools.cache
-def _bf16_bits(values: tuple[float, ...]) -> Tensor:
-    # Cached: the kernels read it through a raw pointer, so it must outlive every call.
-    return torch.tensor(values, dtype=torch.bfloat16).view(torch.int16)
-
-
-def _to_blocked(t_NX: Tensor, per_row: int) -> Tensor:
-    """Row-major ``[N, X]`` -> ``[B, X/per_row, 8 * per_row]`` with rows padded to 8B."""
-    n, x = t_NX.shape
-    b = -(-n // 8)
-    padded = t_NX.new_zeros((8 * b, x))
-    padded[:n] = t_NX
-    blocked = padded.view(b, 8, x // per_row, per_row).permute(0, 2, 3, 1)
-    return blocked.reshape(b, x // per_row, 8 * per_row).contiguous()
-
-
-def _from_blocked(t_BY: Tensor, per_row: int, n: int) -> Tensor:
-    """Inverse of :func:`_to_blocked`: the first ``n`` rows, row-major."""
-    b, y, _ = t_BY.shape
-    return t_BY.view(b, y, per_row, 8).permute(0, 3, 1, 2).reshape(8 * b, y * per_row)[:n]
-
-
-class QuantizedWeight(abc.ABC):
-    """A 4-bit weight ``[N, K]``: codes two per byte plus per-block scales (and zeros).
-
-    Build one with a subclass's ``from_float``; ``nbytes`` is the packed size, the only memory
-    the GEMV needs besides a few rows of scratch.
-    """
-
-    fmt: ClassVar[str] = ""
-    VALUES: ClassVar[tuple[float, ...]] = ()
-    __slots__ = ("block_size", "codes", "in_features", "out_features", "scales", "zeros")
-
-    def __init__(
-        self, codes_NP: Tensor, scales_NG: Tensor, zeros_NG: Tensor | None, block_size: int
-    ) -> None:
-        n, p = codes_NP.shape
-        k = 2 * p
-        if block_size % 16 or k % block_size:
-            raise GemmInputError(
-                f"in_features={k} with block_size={block_size}; expected a block size that is a "
-                f"multiple of 16 and divides in_features; pad the weight's columns with zeros"
-            )
-        for name, t in (("scales", scales_NG), ("zeros", zeros_NG)):
-            if t is not None and tuple(t.shape) != (n, k // block_size):
-                raise GemmInputError(
-                    f"{name}.shape={tuple(t.shape)}; expected {(n, k // block_size)} (one per "
-                    f"{block_size} elements of each of the {n} rows)"
-                )
-            if t is not None and t.device != codes_NP.device:
-                raise GemmInputError(
-                    f"{name}.device={t.device}; expected the codes' device {codes_NP.device}"
-                )
-        self.out_features, self.in_features, self.block_size = n, k, block_size
-        blocked = codes_NP.device.type == "cpu"
-        self.codes = _to_blocked(codes_NP, 2) if blocked else codes_NP.contiguous()
-        self.scales = self._store(scales_NG, blocked)
-        self.zeros = None if zeros_NG is None else self._store(zeros_NG, blocked)
-
-    @staticmethod
-    def _store(t_NG: Tensor, blocked: bool) -> Tensor:
-        if not blocked:
-            return t_NG.contiguous()
-        raw = t_NG.view(torch.uint8) if t_NG.element_size() == 1 else t_NG
-        return _to_blocked(raw, 1).view(t_NG.dtype)
-
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def layout(self) -> Literal["blocked8", "rows"]:
-        """``"blocked8"`` (the CPU kernel's) or ``"rows"`` (row-major, other devices)."""
-        return "blocked8" if self.codes.dim() == 3 else "rows"
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.out_features, self.in_features))
-
-    @property
-    def device(self) -> torch.device:
-        return self.codes.device
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the packed form: codes, scales, zeros (and a per-tensor scale)."""
-        parts = [self.codes, self.scales, self.zeros, self.per_tensor_scale]
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
-
-    @property
-    def per_tensor_scale(self) -> Tensor | None:
-        return None
-
-    @property
-    def scale_kind(self) -> int:
-        """How the kernels read a scale (:data:`SCALE_KINDS`)."""
-        return SCALE_KINDS[self.scales.dtype]
-
-    @property
-    def out_scale(self) -> float:
-        """The factor the kernels apply to each output (a per-tensor scale, an encoding's)."""
-        return 1.0
-
-    def value_bits(self) -> Tensor:
-        """``VALUES`` as 16 bfloat16 bit patterns (every value is exact in bfloat16)."""
-        return _bf16_bits(self.VALUES)
-
-    # ------------------------------------------------------------------ row-major views
-
-    def codes_rows(self) -> Tensor:
-        """Packed codes, row-major uint8 ``[N, K/2]`` (low nibble first, torchao's order)."""
-        return self._slice(self.codes, 2, 0, self.out_features)
-
-    def scales_rows(self) -> Tensor:
-        """Scales, row-major ``[N, K/block]``."""
-        return self._rows(self.scales)
-
-    def zeros_rows(self) -> Tensor | None:
-        """Zero points, row-major ``[N, K/block]``, or ``None``."""
-        return None if self.zeros is None else self._rows(self.zeros)
-
-    def _rows(self, t: Tensor) -> Tensor:
-        return self._slice(t, 1, 0, self.out_features)
-
-    # ------------------------------------------------------------------ dequantization
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """The full-precision weight ``[N, K]`` (reference only: it materialises the weight)."""
-        return self.dequantize_rows(0, self.out_features).to(dtype)
-
-    def dequantize_rows(self, start: int, stop: int) -> Tensor:
-        """Rows ``start:stop`` of the weight in float32 (only those rows are unpacked)."""
-        codes = self._slice(self.codes, 2, start, stop)
-        scales = self._slice(self.scales, 1, start, stop)
-        zeros = None if self.zeros is None else self._slice(self.zeros, 1, start, stop)
-        return self._dequantize(codes, scales, zeros)
-
-    def _slice(self, t: Tensor, per_row: int, start: int, stop: int) -> Tensor:
-        """Rows ``start:stop`` of a stored tensor, row-major."""
-        if self.layout == "rows":
-            return t[start:stop]
-        b0, b1 = start // 8, -(-stop // 8)
-        raw = t.view(torch.uint8) if t.element_size() == 1 else t
-        rows = _from_blocked(raw[b0:b1], per_row, 8 * (b1 - b0)).view(t.dtype)
-        return rows[start - 8 * b0 : stop - 8 * b0]
-
-    @abc.abstractmethod
-    def _dequantize(self, codes_RP: Tensor, scales_RG: Tensor, zeros_RG: Tensor | None) -> Tensor:
-        """Each format's decode of stored rows to float32 (NVFP4, MXFP4 and int4 differ)."""
-
-    def to(self, device: torch.device | str) -> QuantizedWeight:
-        """The same weight on ``device`` (re-laid out for that device's kernel)."""
-        device = torch.device(device)
-        if device == self.device:
-            return self
-        zeros = self.zeros_rows()
-        new = object.__new__(type(self))
-        for slot in self._extra_slots():
-            value = getattr(self, slot)
-            setattr(new, slot, value.to(device) if isinstance(value, Tensor) else value)
-        QuantizedWeight.__init__(
-            new,
-            self.codes_rows().to(device),
-            self.scales_rows().to(device),
-            None if zeros is None else zeros.to(device),
-            self.block_size,
-        )
-        return new
-
-    def _extra_slots(self) -> tuple[str, ...]:
-        return ()
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(out_features={self.out_features}, in_features="
-            f"{self.in_features}, block_size={self.block_size}, layout={self.layout!r}, "
-            f"device={self.device}, nbytes={self.nbytes})"
-        )
-
-
-def _check_weight(w_NK: Tensor) -> None:
-    if not isinstance(w_NK, Tensor) or w_NK.dim() != 2 or not w_NK.is_floating_point():
-        raise GemmInputError(
-            f"w_NK is {type(w_NK).__name__} of shape {tuple(getattr(w_NK, 'shape', ()))}; "
-            f"expected a 2-D floating-point [out_features, in_features] tensor (a linear "
-            f"layer's .weight)"
-        )
 
 
 class NVFP4Weight(QuantizedWeight):
@@ -295,7 +99,7 @@ class NVFP4Weight(QuantizedWeight):
         ``per_tensor_scale="amax"`` (default) uses torchao's weight rule,
         ``amax(|w|) / (448 * 6)``; ``None`` uses none; a float32 scalar tensor is used as is.
         """
-        _check_weight(w_NK)
+        check_weight(w_NK)
         if isinstance(per_tensor_scale, str):
             per_tensor_scale = formats.nvfp4_per_tensor_scale(w_NK.abs().amax())
         return cls(formats.quantize_nvfp4(w_NK, per_tensor_scale=per_tensor_scale))
@@ -356,7 +160,7 @@ class MXFP4Weight(QuantizedWeight):
     @classmethod
     def from_float(cls, w_NK: Tensor, *, scaling_mode: str = "floor") -> MXFP4Weight:
         """Quantize ``w_NK`` as torchao's ``MXTensor.to_mx(w, float4_e2m1fn_x2, 32)``."""
-        _check_weight(w_NK)
+        check_weight(w_NK)
         parts = formats.quantize_mx(
             w_NK, torch.float4_e2m1fn_x2, block_size=32, scaling_mode=scaling_mode
         )
@@ -414,7 +218,7 @@ class Int4Weight(QuantizedWeight):
             symmetric:  s = max(|g|.max(), 1e-6) / 7 (codes 1..15); z = 0
             code = clamp(round((g - z) / s) + 8, 0, 15)
         """
-        _check_weight(w_NK)
+        check_weight(w_NK)
         if group_size not in _INT4_GROUPS or w_NK.shape[1] % group_size:
             raise GemmInputError(
                 f"group_size={group_size} for in_features={w_NK.shape[1]}; expected one of "

@@ -5,6 +5,9 @@ When to use: a matmul of FP8 or FP4 operands with their decoding scales, in any 
 2.14 names: TensorWise, RowWise, BlockWise1x128/128x128 (DeepSeek), BlockWise1x32 (MXFP8,
 MXFP4) and BlockWise1x16 (NVFP4, one or two levels), with NO_SWIZZLE or SWIZZLE_32_4_4 scales.
 
+Every call is first checked and planned by :mod:`torchnext.gemm.scaled_plan` (the legal
+recipe pairs and scale shapes below); this module picks the route for the plan.
+
 Routes, chosen per call:
 
 - TensorWise / RowWise on the CPU: torch's own kernel (2.13 runs them), after validation, so
@@ -37,7 +40,6 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,20 +48,14 @@ from torch import Tensor
 
 from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import formats
-from torchnext.gemm.formats import MXParts, NVFP4Parts, ScaledOperand
+from torchnext.gemm.formats import MXParts, NVFP4Parts
+from torchnext.gemm.scaled_plan import FP4, ScaledPlan, check_nan_scales, plan_scaled_mm
 
 __all__ = ["ScalingType", "SwizzleType", "mm_quantized", "scaled_mm"]
 
 ScalingType = F.ScalingType
 SwizzleType = F.SwizzleType
 
-_FP8 = {
-    torch.float8_e4m3fn: "e4m3",
-    torch.float8_e5m2: "e5m2",
-    torch.float8_e4m3fnuz: "e4m3fnuz",
-    torch.float8_e5m2fnuz: "e5m2fnuz",
-}
-_FP4 = torch.float4_e2m1fn_x2
 _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BIAS_DTYPES = _OUT_DTYPES
 # mat_b is decoded in chunks of rows: about 1 MiB of float32 (cache-sized; measured fastest
@@ -72,228 +68,9 @@ _NATIVE_REFUSED: set[tuple[str, str]] = set()  # (device capability, recipe) tor
 _torch_scaled_mm: Any = F.scaled_mm  # its stub types output_dtype without None
 
 _S = ScalingType
-_NVFP4_2LVL = (_S.BlockWise1x16, _S.TensorWise)
-_DEEPSEEK = {
-    (_S.BlockWise1x128, _S.BlockWise128x128),
-    (_S.BlockWise1x128, _S.BlockWise1x128),
-    (_S.BlockWise128x128, _S.BlockWise1x128),
-}
-_BLOCK = {_S.BlockWise1x128: (1, 128), _S.BlockWise128x128: (128, 128)}
-_LIGHT = ((_S.TensorWise,), (_S.RowWise,))  # the recipes torch 2.13 runs on the CPU
 
 
-@dataclass(frozen=True)
-class _Plan:
-    recipe: str  # "tensorwise" "rowwise" "deepseek" "mx" "nvfp4"
-    a: ScaledOperand
-    b: ScaledOperand
-    alpha: Tensor | None  # product of the tensor-wise (second-level) scales
-    raw_scales: tuple[Tensor, Tensor] | None  # MX/NVFP4 block scales, [rows, G] unswizzled
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _listed(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _check_mat(t: object, side: str) -> str:
-    name = f"mat_{side}"
-    if not isinstance(t, Tensor) or t.dim() != 2:
-        shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-        raise GemmInputError(
-            f"{name} is {shape}; expected a 2-D float8 or float4_e2m1fn_x2 tensor; reshape "
-            f"batched operands to 2-D"
-        )
-    if t.dtype == _FP4:
-        return "e2m1"
-    if t.dtype not in _FP8:
-        raise GemmInputError(
-            f"{name}.dtype={t.dtype}; expected a float8 dtype or torch.float4_e2m1fn_x2; "
-            f"quantize it first (torchnext.gemm.formats.quantize_mx / quantize_nvfp4)"
-        )
-    return _FP8[t.dtype]
-
-
-def _check_scale(
-    s: object, side: str, what: str, dtype: torch.dtype, shape: tuple[int, ...] | None, numel: int
-) -> Tensor:
-    """``shape`` exact when given, else only ``numel`` (and contiguity: swizzled layouts)."""
-    name = f"scale_{side}"
-    if not isinstance(s, Tensor):
-        raise GemmInputError(f"{name} is {type(s).__name__}; expected a {dtype} tensor ({what})")
-    if s.dtype != dtype:
-        raise GemmInputError(
-            f"{name}.dtype={s.dtype}; expected {dtype} for {what}; convert or re-quantize it"
-        )
-    if shape is not None and tuple(s.shape) != shape and not (shape == () and s.numel() == 1):
-        raise GemmInputError(
-            f"{name}.shape={tuple(s.shape)}; expected {shape} for {what}; build the scales in "
-            f"that shape (see torchnext.gemm.scaled's scale layouts)"
-        )
-    if shape is None and (s.numel() != numel or not s.is_contiguous()):
-        raise GemmInputError(
-            f"{name} has {s.numel()} elements (contiguous: {s.is_contiguous()}); expected "
-            f"{numel} contiguous elements for {what}; swizzle [rows, groups] scales with "
-            f"torchnext.gemm.formats.swizzle_32_4_4"
-        )
-    return s
-
-
-def _float_side(
-    side: str, data: Tensor, fmt: str, k: int, rows: int, scale: object, recipe: Any
-) -> ScaledOperand:
-    """An FP8 operand with float32 scales: TensorWise, RowWise, BlockWise1x128 or 128x128."""
-    if recipe == _S.TensorWise:
-        s = _check_scale(scale, side, "TensorWise", torch.float32, (), 1)
-        return ScaledOperand(data, fmt, k, s.reshape(1, 1), max(rows, 1), max(k, 1))
-    row_block, k_block = _BLOCK.get(recipe, (1, max(k, 1)))  # RowWise: one block per row
-    shape = (_ceil(rows, row_block), max(1, _ceil(k, k_block)))
-    shape = shape if side == "a" else (shape[1], shape[0])
-    s = _check_scale(scale, side, recipe.name, torch.float32, shape, 0)
-    return ScaledOperand(data, fmt, k, s if side == "a" else s.t(), row_block, k_block)
-
-
-def _block_side(
-    side: str,
-    data: Tensor,
-    fmt: str,
-    k: int,
-    rows: int,
-    scale: object,
-    recipe: Any,
-    swizzle: Any,
-    block: int,
-    dtype: torch.dtype,
-) -> tuple[ScaledOperand, Tensor]:
-    """An MX / NVFP4 operand and its [rows, G] scales (``data`` already as ``[rows, K]``)."""
-    groups = _ceil(k, block)
-    what = f"{recipe.name} with {swizzle.name}"
-    if swizzle == SwizzleType.SWIZZLE_32_4_4:
-        numel = _ceil(rows, 128) * 128 * _ceil(groups, 4) * 4
-        s = _check_scale(scale, side, what, dtype, None, numel)
-        s_RG = formats.unswizzle_32_4_4(s, rows, groups)
-    else:
-        shape = (rows, groups) if side == "a" else (groups, rows)
-        s = _check_scale(scale, side, what, dtype, shape, 0)
-        s_RG = s if side == "a" else s.t()
-    operand = ScaledOperand(data, fmt, k, s_RG.to(torch.float32), 1, block, s_RG)
-    return operand, s_RG
-
-
-def _plan(
-    mat_a: Tensor,
-    mat_b: Tensor,
-    scale_a: Any,
-    recipe_a: Any,
-    scale_b: Any,
-    recipe_b: Any,
-    swizzle_a: Any,
-    swizzle_b: Any,
-) -> _Plan:
-    fmt_a, fmt_b = _check_mat(mat_a, "a"), _check_mat(mat_b, "b")
-    if (fmt_a == "e2m1") != (fmt_b == "e2m1"):
-        raise GemmUnsupportedError(
-            f"mat_a.dtype={mat_a.dtype} with mat_b.dtype={mat_b.dtype}: no route multiplies "
-            f"FP4 by FP8; quantize both operands to the same family"
-        )
-    if mat_a.shape[1] != mat_b.shape[0]:
-        raise GemmInputError(
-            f"mat_a.shape={tuple(mat_a.shape)} and mat_b.shape={tuple(mat_b.shape)}; expected "
-            f"mat_a.shape[1] == mat_b.shape[0] (the contraction); transpose the operand whose "
-            f"K is in the wrong place"
-        )
-    fp4 = fmt_a == "e2m1"
-    m, n, k = mat_a.shape[0], mat_b.shape[1], mat_a.shape[1] * (2 if fp4 else 1)
-    scales = {"a": _listed(scale_a), "b": _listed(scale_b)}
-    recipes = {"a": _listed(recipe_a), "b": _listed(recipe_b)}
-    swizzles = {"a": _listed(swizzle_a), "b": _listed(swizzle_b)}
-    for side in "ab":
-        bad = [r for r in recipes[side] if not isinstance(r, ScalingType)]
-        if bad or not recipes[side] or len(recipes[side]) != len(scales[side]):
-            raise GemmInputError(
-                f"scale_recipe_{side}={recipe_a if side == 'a' else recipe_b!r} for "
-                f"{len(scales[side])} scale tensor(s); expected one "
-                f"torch.nn.functional.ScalingType per scale tensor"
-            )
-        bad = [z for z in swizzles[side] if not isinstance(z, SwizzleType)]
-        if bad or len(swizzles[side]) not in (0, len(scales[side])):
-            raise GemmInputError(
-                f"swizzle_{side}={swizzle_a if side == 'a' else swizzle_b!r}; expected None or "
-                f"one torch.nn.functional.SwizzleType per scale tensor"
-            )
-    ra, rb = tuple(recipes["a"]), tuple(recipes["b"])
-    is_block = ra[0] in (_S.BlockWise1x16, _S.BlockWise1x32)
-    for side in "ab":
-        if not is_block and any(z != SwizzleType.NO_SWIZZLE for z in swizzles[side]):
-            raise GemmInputError(
-                f"swizzle_{side}={swizzles[side]}; SWIZZLE_32_4_4 applies only to BlockWise1x16 "
-                f"and BlockWise1x32 scales; pass None"
-            )
-    data = {"a": mat_a, "b": mat_b.t()}  # both [rows, K]: rows = M for a, N for b
-    if fp4:
-        data = {side: t.view(torch.uint8) for side, t in data.items()}
-    rows, fmts = {"a": m, "b": n}, {"a": fmt_a, "b": fmt_b}
-    one_each = len(ra) == len(rb) == 1
-    if "fnuz" in fmt_a + fmt_b and not (one_each and ra == rb in _LIGHT):
-        raise GemmUnsupportedError(
-            f"mat_a.dtype={mat_a.dtype}, mat_b.dtype={mat_b.dtype} with scale_recipe_a="
-            f"{ra[0].name}: the fnuz float8 types run TensorWise and RowWise only; use "
-            f"float8_e4m3fn / float8_e5m2 for the block-wise recipes"
-        )
-    if not fp4 and one_each and ((ra[0], rb[0]) in _DEEPSEEK or ra == rb in _LIGHT):
-        ops = {
-            side: _float_side(side, data[side], fmts[side], k, rows[side], scales[side][0], rec)
-            for side, rec in (("a", ra[0]), ("b", rb[0]))
-        }
-        name = {_S.TensorWise: "tensorwise", _S.RowWise: "rowwise"}.get(ra[0], "deepseek")
-        return _Plan(name, ops["a"], ops["b"], None, None)
-    nvfp4 = ((_S.BlockWise1x16,), _NVFP4_2LVL)
-    mx = ra == rb == (_S.BlockWise1x32,)
-    if mx or (fp4 and ra in nvfp4 and rb in nvfp4):
-        block, dtype = (32, torch.float8_e8m0fnu) if mx else (16, torch.float8_e4m3fn)
-        sides: dict[str, tuple[ScaledOperand, Tensor]] = {}
-        alpha: Tensor | None = None
-        for side, rec in (("a", ra), ("b", rb)):
-            z = swizzles[side][0] if swizzles[side] else SwizzleType.NO_SWIZZLE
-            given = (data[side], fmts[side], k, rows[side], scales[side][0], rec[0], z)
-            sides[side] = _block_side(side, *given, block, dtype)
-            if len(rec) == 2:
-                what = "the NVFP4 tensor-wise level"
-                g = _check_scale(scales[side][1], side, what, torch.float32, (), 1).reshape(())
-                alpha = g if alpha is None else alpha * g
-        (a_op, sa), (b_op, sb) = sides["a"], sides["b"]
-        return _Plan("mx" if mx else "nvfp4", a_op, b_op, alpha, (sa, sb))
-    raise GemmUnsupportedError(
-        f"scale_recipe_a={[r.name for r in ra]} with scale_recipe_b={[r.name for r in rb]} for "
-        f"mat_a.dtype={mat_a.dtype}, mat_b.dtype={mat_b.dtype}: no route runs this pair. "
-        f"Supported: TensorWise/TensorWise and RowWise/RowWise (FP8), BlockWise1x128 with "
-        f"BlockWise128x128 or 1x128 (FP8), BlockWise1x32/BlockWise1x32 (FP8 or FP4), "
-        f"BlockWise1x16 [+ TensorWise] on both sides (FP4)"
-    )
-
-
-def _check_nan(plan: _Plan) -> None:
-    """NaN scales raise (one host synchronisation for all of them)."""
-    scales = [plan.a.scales, plan.b.scales, plan.alpha]
-    present = [s for s in scales if s is not None and s.numel()]
-    if not present or not bool(torch.stack([torch.isnan(s).any() for s in present]).any()):
-        return
-    for side, s in (("a", plan.a.scales), ("b", plan.b.scales), ("a/b", plan.alpha)):
-        if s is not None and bool(torch.isnan(s).any()):
-            where = tuple(int(i) for i in torch.nonzero(torch.isnan(s))[0])
-            raise GemmInputError(
-                f"scale_{side} holds NaN (first at index {where} of its [rows, groups] form); "
-                f"expected finite scales; a NaN scale comes from NaN or inf in the tensor that "
-                f"was quantized: clean that tensor and quantize again"
-            )
-
-
-def _emulate(plan: _Plan, bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+def _emulate(plan: ScaledPlan, bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:
     """float32 emulation: ``(deq(a) @ deq(b).T) * alpha + bias``, ``mat_b`` in chunks."""
     a, b = plan.a, plan.b
     m, n, k = a.rows, b.rows, a.k
@@ -317,7 +94,7 @@ def _emulate(plan: _Plan, bias: Tensor | None, out_dtype: torch.dtype) -> Tensor
 
 
 def _native_args(
-    plan: _Plan, mat_a: Tensor, mat_b: Tensor, given: dict[str, Any]
+    plan: ScaledPlan, mat_a: Tensor, mat_b: Tensor, given: dict[str, Any]
 ) -> dict[str, Any]:
     """Arguments for torch's own CUDA kernel: the layouts it wants (A row-major, B column-major,
     MX/NVFP4 scales swizzled), so a refusal means the device lacks the recipe."""
@@ -381,7 +158,7 @@ def scaled_mm(
             f"contraction_dim={tuple(contraction_dim)}; only () and (1, 0) (mat_a [M, K] @ "
             f"mat_b [K, N]) are supported; pass mat_a.t() or mat_b.t() instead (a free view)"
         )
-    plan = _plan(
+    plan = plan_scaled_mm(
         mat_a, mat_b, scale_a, scale_recipe_a, scale_b, scale_recipe_b, swizzle_a, swizzle_b
     )
     light = plan.recipe in ("tensorwise", "rowwise")
@@ -407,7 +184,7 @@ def scaled_mm(
             f"bias has shape {tuple(bias.shape)} and dtype {bias.dtype}; expected {n} elements "
             f"(the output's columns) of one of {list(_BIAS_DTYPES)}"
         )
-    _check_nan(plan)
+    check_nan_scales(plan)
     out_dtype = output_dtype if output_dtype is not None else mat_a.dtype
     # torch's wrapper wants lists, not tuples, for multi-valued arguments.
     names = ("scale_a", "scale_recipe_a", "scale_b", "scale_recipe_b", "swizzle_a", "swizzle_b")
@@ -478,8 +255,8 @@ def _is_torchao(t: object) -> bool:
 
 
 def _args_of(parts: NVFP4Parts | MXParts, side: str) -> tuple[Tensor, list[Tensor], list[Any]]:
-    fp4 = isinstance(parts, NVFP4Parts) or parts.elem_dtype == _FP4
-    mat = parts.qdata.view(_FP4) if fp4 else parts.qdata
+    fp4 = isinstance(parts, NVFP4Parts) or parts.elem_dtype == FP4
+    mat = parts.qdata.view(FP4) if fp4 else parts.qdata
     scales = [parts.scales]
     if isinstance(parts, NVFP4Parts):
         recipes: list[Any] = [_S.BlockWise1x16]

@@ -28,8 +28,10 @@ which is how the tests run it); no autograd; float16/bfloat16/float32 inputs; an
 (no copy is made, but a transposed ``a_MK`` loads slower); the activations are computed
 from ``exp``/``erf`` in float32 (tanh has no Triton primitive), so they match torch's within
 a few float32 ulps, not bit for bit; the first call of each new epilogue, dtype and shape
-class compiles and times its candidate tiles (seconds). Triton is imported on the first call, never at import
-of this module: the kernels are built by a cached function-level builder, :func:`_kernels`.
+class compiles and times its candidate tiles (seconds). Triton is imported on the first
+call, never at import of this module (the argument checks,
+:mod:`torchnext.gemm.triton_gemm_checks`, run before it): the kernels are built by a cached
+function-level builder, :func:`_kernels`.
 
 Shape legend: M output rows, N output columns, K the contracted dimension; ``a_MK``,
 ``b_KN``, ``bias_N``, ``out_MN``; an epilogue operand is a row ``[N]``, a column ``[M, 1]``
@@ -41,21 +43,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-import os
 from typing import Any, no_type_check
 
 import torch
 
-from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm.epilogue import Epilogue
+from torchnext.gemm.triton_gemm_checks import MAX_STEPS, check_triton_gemm_args, interpreting
 
 __all__ = ["MAX_STEPS", "triton_available", "triton_gemm"]
 
-MAX_STEPS = 4
-"""Epilogue steps the template specialises on (2.14's NVGEMM captures at most 4 tensors)."""
-
-_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Offsets past this need 64-bit index arithmetic in the kernel (a constexpr switch).
 _INT32_LIMIT = 2**31 - 1
 _EMPTY = Epilogue()
@@ -72,20 +68,16 @@ def _triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
-
-
 def triton_available() -> bool:
     """Whether the template can run here: Triton importable and a CUDA device (or Triton's
     CPU interpreter, ``TRITON_INTERPRET=1``). Does not import Triton."""
-    return _triton_importable() and (_interpreting() or torch.cuda.is_available())
+    return _triton_importable() and (interpreting() or torch.cuda.is_available())
 
 
 def _configs() -> list[Any]:
     """The tutorial's autotune space plus Hopper-sized tiles; one small tile when interpreted
     (each configuration would be run, slowly, by the interpreter's timing)."""
-    if _interpreting():
+    if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2})]
     shapes = (
         # BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps
@@ -262,104 +254,6 @@ _operand: Any = None
 _step: Any = None
 
 
-def _describe(value: object) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {list(value.shape)} on {value.device}"
-    return repr(value)
-
-
-def _check(
-    a_MK: torch.Tensor,
-    b_KN: torch.Tensor,
-    bias_N: torch.Tensor | None,
-    epilogue: Epilogue,
-    out_dtype: torch.dtype | None,
-) -> torch.dtype:
-    """The output dtype; GemmInputError / GemmUnsupportedError for what the kernel cannot run."""
-    for name, t in (("a_MK", a_MK), ("b_KN", b_KN)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise GemmInputError(
-                f"triton_gemm({name}): got {_describe(t)}; expected a 2-D tensor "
-                "(flatten leading dimensions first, or call torchnext.gemm.gemm)"
-            )
-    if a_MK.shape[1] != b_KN.shape[0]:
-        raise GemmInputError(
-            f"triton_gemm(a_MK, b_KN): inner dimensions differ: a_MK is {list(a_MK.shape)} "
-            f"(K={a_MK.shape[1]}), b_KN is {list(b_KN.shape)} (K={b_KN.shape[0]}); expected "
-            "[M, K] and [K, N] (for an nn.Linear weight [N, K] pass weight.t())"
-        )
-    if a_MK.dtype not in _INPUT_DTYPES or b_KN.dtype != a_MK.dtype:
-        raise GemmUnsupportedError(
-            f"triton_gemm(a_MK, b_KN): dtypes {a_MK.dtype} and {b_KN.dtype}; expected both "
-            "float16, both bfloat16 or both float32. Use torchnext.gemm.gemm (ATen route) for "
-            "float64 and torchnext.gemm.scaled_mm for float8/float4"
-        )
-    out_dtype = a_MK.dtype if out_dtype is None else out_dtype
-    if out_dtype not in _OUT_DTYPES:
-        raise GemmUnsupportedError(
-            f"triton_gemm(out_dtype={out_dtype}): expected one of "
-            f"{', '.join(str(d) for d in _OUT_DTYPES)}; cast the result yourself"
-        )
-    device = a_MK.device
-    if b_KN.device != device:
-        raise GemmInputError(
-            f"triton_gemm(b_KN): on {b_KN.device}, a_MK on {device}; move both to one device"
-        )
-    if device.type != "cuda" and not (device.type == "cpu" and _interpreting()):
-        raise GemmUnsupportedError(
-            f"triton_gemm(a_MK): on {device}; expected a CUDA tensor (CPU tensors run only "
-            "under Triton's interpreter, TRITON_INTERPRET=1). Use torchnext.gemm.gemm, which "
-            "picks a CPU route"
-        )
-    m, n = a_MK.shape[0], b_KN.shape[1]
-    if bias_N is not None and (
-        not isinstance(bias_N, torch.Tensor)
-        or tuple(bias_N.shape) != (n,)
-        or not bias_N.is_floating_point()
-        or bias_N.device != device
-    ):
-        raise GemmInputError(
-            f"triton_gemm(bias_N): got {_describe(bias_N)}; expected a floating tensor of "
-            f"shape [{n}] on {device}"
-        )
-    if not isinstance(epilogue, Epilogue):
-        raise GemmInputError(
-            f"triton_gemm(epilogue): got {type(epilogue).__name__}; expected a "
-            "torchnext.gemm.Epilogue, e.g. Epilogue(gelu(), add(residual_MN))"
-        )
-    if len(epilogue.steps) > MAX_STEPS:
-        raise GemmUnsupportedError(
-            f"triton_gemm(epilogue): {len(epilogue.steps)} steps {epilogue!r}; the template "
-            f"takes at most {MAX_STEPS}. Apply the rest after the call, or use "
-            "torchnext.gemm.gemm, whose other routes take any number"
-        )
-    for i, step in enumerate(epilogue.steps):
-        step.kind(m, n)  # raises GemmInputError for a misshapen operand
-        operand = step.operand
-        if isinstance(operand, torch.Tensor) and (
-            operand.device != device or operand.dtype not in _OUT_DTYPES
-        ):
-            raise GemmInputError(
-                f"triton_gemm(epilogue.steps[{i}] {step.op}): operand is {_describe(operand)}; "
-                f"expected a float16/bfloat16/float32/float64 tensor on {device}"
-            )
-    amax = epilogue.amax_into
-    if amax is not None and amax.device != device:
-        raise GemmInputError(
-            f"triton_gemm(epilogue.amax_into): on {amax.device}; expected a float32 tensor "
-            f"with one element on {device} (the kernel writes it with an atomic max)"
-        )
-    if torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad
-        for x in (a_MK, b_KN, bias_N, *epilogue.captured)
-    ):
-        raise GemmUnsupportedError(
-            "triton_gemm: an input requires grad; the template has no backward. Call it "
-            "under torch.no_grad(), or use torchnext.gemm.gemm, which records the eager chain"
-        )
-    return out_dtype
-
-
 def triton_gemm(
     a_MK: torch.Tensor,
     b_KN: torch.Tensor,
@@ -389,7 +283,7 @@ def triton_gemm(
             that require grad.
     """
     epilogue = _EMPTY if epilogue is None else epilogue
-    out_dtype = _check(a_MK, b_KN, bias_N, epilogue, out_dtype)
+    out_dtype = check_triton_gemm_args(a_MK, b_KN, bias_N, epilogue, out_dtype)
     m, k = a_MK.shape
     n = b_KN.shape[1]
     out_MN = torch.empty((m, n), dtype=out_dtype, device=a_MK.device)
@@ -434,7 +328,7 @@ def triton_gemm(
     # Triton's CPU interpreter keeps bfloat16 as its raw uint16 bits and its dot multiplies
     # those integers; there (only) the tiles go to float32 first, which is exact for
     # bfloat16 products and keeps the float32 accumulation.
-    dot_f32 = a_MK.dtype == torch.bfloat16 and _interpreting()
+    dot_f32 = a_MK.dtype == torch.bfloat16 and interpreting()
 
     def grid(meta: dict[str, Any]) -> tuple[int]:
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)

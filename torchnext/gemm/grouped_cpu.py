@@ -1,0 +1,235 @@
+"""The looped route of :func:`torchnext.gemm.grouped_mm`: one ``mm`` per group, threaded on the CPU.
+
+What it is: the route every grouped GEMM with offsets takes on the CPU, and on a GPU where
+neither torch's kernel nor Triton runs. A grouped GEMM streams each used expert's weight once
+and does 2 rows K N flops per group. On one thread torch's C++ loop of ``mm`` is already at
+those two limits, so one thread calls it. With more threads each small ``mm`` of that loop is
+its own OpenMP region that barely scales, so here the groups (cut by rows where one is large)
+are split into one balanced run per thread, each on a worker thread that calls torch
+single-threaded: one hand-off per call instead of a barrier per group. 16-bit inputs are
+widened to float32 per group on CPUs without bfloat16 instructions (:func:`cpu_upcasts`).
+
+When to use: through :func:`torchnext.gemm.grouped_mm`, which checks the arguments and builds
+the :class:`GroupedProblem`; these functions check nothing themselves.
+
+What not to assume: the worker pool is used only under OpenMP (where a worker's thread count
+is its own), and is rebuilt after a fork; a group may be split between threads, so results
+match a float64 reference to float32-accumulation tolerance, not bit for bit.
+
+Shape legend: M rows, K contraction, N columns; ``a_mk``/``b_kn``/``out_mn``/``bias_n`` one
+group's (or one run's) slices of ``mat_a``, ``mat_b``, the output and the bias.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from torchnext.compat import gemm_internals as _gi
+
+__all__ = [
+    "GroupedProblem",
+    "cpu_upcasts",
+    "grouped_mm_looped",
+    "threads_are_per_worker",
+    "zero_tail",
+]
+
+_HALF = (torch.bfloat16, torch.float16)
+# Below this many multiply-adds a CPU call stays on the calling thread: handing work to the
+# pool costs tens of microseconds.
+_THREADED_MIN_MACS = 1 << 22
+# A group costs about its rows plus this many rows' worth of streaming its weight once
+# (memory bandwidth against FMA rate on the CPUs measured); used to balance threads.
+_WEIGHT_ROWS = 8
+
+
+def zero_tail(out: Tensor, mode: str, ends: list[int]) -> Tensor:
+    """Zero what torch's op leaves uninitialised; also drop its 16-byte row padding.
+
+    ``out`` is a grouped GEMM's result of form ``mode`` and ``ends`` its groups' checked end
+    offsets (non-empty); the rows (2-D x 3-D) or columns (3-D x 2-D) past the last are zeroed.
+    """
+    out = out.contiguous()
+    if mode == "2d3d" and ends[-1] < out.shape[0]:
+        out[ends[-1] :] = 0
+    elif mode == "3d2d" and ends[-1] < out.shape[1]:
+        out[:, ends[-1] :] = 0
+    return out
+
+
+_Item = tuple[Tensor, Tensor, Tensor, "Tensor | None"]  # a_mk, b_kn, out_mn, bias_n
+
+
+class GroupedProblem(NamedTuple):
+    """One checked grouped GEMM with offsets: its form, output and group ends."""
+
+    mode: str  # "2d3d", "3d3d", "2d2d" or "3d2d"
+    shape: tuple[int, ...]  # of the output
+    dtype: torch.dtype  # of the output
+    ends: list[int]  # offs, checked
+
+
+def grouped_mm_looped(
+    a: Tensor, b: Tensor, offs: Tensor, bias: Tensor | None, p: GroupedProblem
+) -> Tensor:
+    """One ``mm`` per non-empty group: inline, on the worker threads, or torch's C++ loop.
+
+    ``a``, ``b``, ``offs`` and ``bias`` are checked and detached (see ``grouped_mm``); ``p``
+    is their problem. Runs on any device; the worker threads are used on the CPU only.
+    """
+    mode, shape, dtype, ends = p
+    cpu = a.device.type == "cpu"
+    wide = cpu and a.dtype in _HALF and cpu_upcasts()
+    threads = torch.get_num_threads() if cpu and threads_are_per_worker() else 1
+    used = ends[-1] if ends else 0
+    # Multiply-adds: the used extent of the jagged dimension times the two others.
+    if mode == "2d2d":
+        macs = used * shape[1] * shape[2]
+    else:
+        macs = used * a.shape[-1] * (shape[1] if mode == "2d3d" else shape[0])
+    threaded = threads > 1 and macs >= _THREADED_MIN_MACS
+    native = _gi.native_grouped_mm()
+    if (
+        native is not None
+        and cpu
+        and not threaded
+        and ends
+        and bias is None
+        and a.dtype == dtype == torch.float32
+        and _gi.native_grouped_mm_accepts_layout(a)
+        and _gi.native_grouped_mm_accepts_layout(b)
+    ):
+        # On one thread (or a small problem) torch's C++ loop is this loop without Python's
+        # per-group cost; its one flaw, the uninitialised tail, is fixed here.
+        return zero_tail(native(a, b, offs=offs.contiguous()), mode, ends)
+    out = torch.empty(shape, dtype=dtype, device=a.device)
+    items: list[_Item] = []
+    start = 0
+    for g, end in enumerate(ends):
+        x = None if bias is None else (bias[start:end] if mode == "3d2d" else bias[g])
+        if mode == "2d3d" and end > start:
+            items.append((a[start:end], b[g], out[start:end], x))
+        elif mode == "3d2d" and end > start:
+            items.append((a[g], b[:, start:end], out[:, start:end], x))
+        elif mode == "2d2d":  # every group writes its (M, N) block, zero when K is empty
+            items.append((a[:, start:end], b[start:end], out[g], x))
+        start = end
+    if ends:
+        zero_tail(out, mode, ends)
+    else:
+        out.zero_()
+    if threaded and len(items) > 1:
+        pool = _pool()
+        for f in [pool.submit(_run, c, wide) for c in _balance(items, threads)]:
+            f.result()
+    else:
+        _run(items, wide)
+    return out
+
+
+def _run(items: Sequence[_Item], wide: bool) -> None:
+    # no_grad: worker threads do not inherit the op's autograd exclusion, and out= refuses
+    # inputs that require grad.
+    with torch.no_grad():
+        for a, b, out, bias in items:
+            if wide or out.dtype != a.dtype:
+                # 16-bit in, float32 accumulate: exact products, one rounding at the end.
+                r = torch.mm(a.float(), b.float())
+                out.copy_(r if bias is None else r + bias.float())
+            elif bias is None:
+                torch.mm(a, b, out=out)
+            else:
+                torch.addmm(bias, a, b, out=out)
+
+
+def _balance(items: Sequence[_Item], parts: int) -> list[list[_Item]]:
+    """Split ``items`` into ``parts`` runs of about equal cost, cutting groups by rows."""
+
+    def cost(rows: int, it: _Item) -> float:
+        return (rows + _WEIGHT_ROWS) * it[0].shape[1] * it[1].shape[1]
+
+    total = sum(cost(it[0].shape[0], it) for it in items)
+    chunks: list[list[_Item]] = [[] for _ in range(parts)]
+    spent, part = 0.0, 0
+    for it in items:
+        a, b, out, x = it
+        row = 0
+        while row < a.shape[0]:
+            room = total * (part + 1) / parts - spent
+            rows_left = a.shape[0] - row
+            if part == parts - 1 or cost(rows_left, it) <= room * 1.05:
+                take = rows_left
+            else:
+                take = int(room / (a.shape[1] * b.shape[1])) - _WEIGHT_ROWS
+                if take < 8:  # not worth a second read of this weight: next thread
+                    part += 1
+                    continue
+            chunks[part].append((a[row : row + take], b, out[row : row + take], x))
+            spent += cost(take, it)
+            row += take
+            if row < a.shape[0]:
+                part += 1
+    return [c for c in chunks if c]
+
+
+# --------------------------------------------------------------------------- CPU facts
+
+
+@cache
+def threads_are_per_worker() -> bool:
+    """Whether ``torch.set_num_threads`` in a worker thread leaves the caller's alone.
+
+    True under OpenMP (the thread count is a per-thread setting); the pool is used only then.
+    """
+    return "OpenMP" in torch.__config__.parallel_info().split("parallel backend:")[-1]
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_PID = -1
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Worker threads that each run torch single-threaded (one group at a time per core)."""
+    global _POOL, _POOL_PID
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_PID != os.getpid():  # a forked child needs its own threads
+            _POOL = ThreadPoolExecutor(
+                max_workers=os.cpu_count() or 1,
+                thread_name_prefix="torchnext-grouped-mm",
+                initializer=torch.set_num_threads,
+                initargs=(1,),
+            )
+            _POOL_PID = os.getpid()
+        return _POOL
+
+
+@cache
+def cpu_upcasts() -> bool:
+    """Whether float32 GEMM beats bfloat16 GEMM on this CPU (true without bf16 instructions).
+
+    Measured once: on AVX2 CPUs bfloat16 ``mm`` is emulated and 10-20x slower than
+    converting to float32, which also accumulates in float32 (the same numerics).
+    """
+    import time
+
+    a_MK = torch.ones(64, 256, dtype=torch.bfloat16)  # not randn: leave the user's RNG alone
+    b_KN = torch.ones(256, 256, dtype=torch.bfloat16)
+
+    def best(fn: object) -> float:
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()  # type: ignore[operator]
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return best(lambda: a_MK.float() @ b_KN.float()) < best(lambda: a_MK @ b_KN)
