@@ -118,19 +118,22 @@ TORCHNEXT_HEARTBEAT_INTERVAL = _var(
 )
 TORCHNEXT_HEARTBEAT_TIMEOUT = _var(
     "TORCHNEXT_HEARTBEAT_TIMEOUT",
-    # 3 s, not 1 s: on an oversubscribed host a live but descheduled member can miss a
-    # 1 s window and be evicted. This bounds only hang (SIGSTOP) detection; crashes are
-    # seen through the transport and /proc at once.
-    timedelta(seconds=3),
+    # 1.5 s: a host that lost power or its network is seen within about 1.7 s (this plus
+    # up to two heartbeat intervals). The monitor counts a peer's silence only while it
+    # watches (its own stalls and store outages are credited, see group/heartbeat.py),
+    # so a loaded machine no longer needs the 3 s this was: on a 2-core machine at a
+    # load average of 13 to 19, live peers' longest silence stayed under 0.25 s.
+    timedelta(milliseconds=1500),
     _parse_seconds,
     "A peer whose heartbeat has not advanced for this many seconds is suspected failed "
-    "(hang detection; crashed peers are detected sooner).",
+    "(a hung process, a silent host; crashed local peers are detected sooner).",
 )
 TORCHNEXT_STORE_TIMEOUT = _var(
     "TORCHNEXT_STORE_TIMEOUT",
     timedelta(seconds=30),
     _parse_seconds,
-    "Bound on connecting to and waiting on the rendezvous store, in seconds.",
+    "Bound on connecting to and waiting on the rendezvous store, in seconds; a store that "
+    "answers nothing for this long is lost (workers exit, agents say so).",
 )
 TORCHNEXT_ETCD_REQUEST_TIMEOUT = _var(
     "TORCHNEXT_ETCD_REQUEST_TIMEOUT",
@@ -180,6 +183,27 @@ TORCHNEXT_WORLD_SIZE = _var(
     0,
     _parse_int,
     "Number of initial members of a fault-tolerant group (FaultTolerantGroup.from_env).",
+)
+TORCHNEXT_GROUP_SIZE = _var(
+    "TORCHNEXT_GROUP_SIZE",
+    1,
+    _parse_int,
+    "Set by `torchnext run --group-size G`: processes per replica group (HSDP); 1 means "
+    "every process is a whole replica (DDP-style).",
+)
+TORCHNEXT_REPLICA_ID = _var(
+    "TORCHNEXT_REPLICA_ID",
+    "",
+    _parse_str,
+    "Set by `torchnext run --group-size G`: this incarnation of this process's replica "
+    "group (n0g1, n0g1.r2); its G processes share it and form the replica's shard group.",
+)
+TORCHNEXT_SHARD_INDEX = _var(
+    "TORCHNEXT_SHARD_INDEX",
+    0,
+    _parse_int,
+    "Set by `torchnext run --group-size G`: this process's shard index (0..G-1) inside "
+    "its replica group.",
 )
 TORCHNEXT_FR_ENABLE = _var(
     "TORCHNEXT_FR_ENABLE",

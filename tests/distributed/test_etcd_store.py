@@ -109,6 +109,67 @@ def test_every_store_method_behaves_as_tcpstore_does(cluster: EtcdCluster) -> No
         etcd.close()
 
 
+def test_the_requests_a_heartbeat_and_a_vote_use(cluster: EtcdCluster) -> None:
+    etcd = connect_etcd_store(cluster.url("fast-paths"), timedelta(seconds=10))
+    writer = etcd.clone()
+    try:
+        etcd.set("peer", "7")
+        assert etcd.set_and_read("me", "1", ["peer", "absent", "me"]) == [b"7", None, b"1"]
+        assert etcd.set_and_read("me", "2", []) == [] and etcd.get("me") == b"2"
+        assert etcd.read_many(["absent", "peer"]) == [None, b"7"]
+        many = [f"k{i}" for i in range(70)]  # more than one transaction holds
+        assert etcd.set_and_read("me", "3", many) == [None] * 70 and etcd.get("me") == b"3"
+        # wait_for_value: the value at once, None after the slice, or woken by a late set.
+        assert etcd.wait_for_value("peer", timedelta(milliseconds=50)) == b"7"
+        value, took = _timed(lambda: etcd.wait_for_value("later", timedelta(milliseconds=200)))
+        assert value is None and 0.15 <= took < 1.5, took
+        timer = threading.Timer(0.2, lambda: writer.set("later", "L"))
+        timer.start()
+        value, took = _timed(lambda: etcd.wait_for_value("later", timedelta(seconds=5)))
+        timer.join()
+        assert value == b"L" and took < 2.0, took
+        for key in ("v/0/ok/0", "v/0/ok/1", "v/0/decision", "v/1/ok/0"):
+            etcd.set(key, "1")
+        assert etcd.delete_prefix("v/0/") == 3
+        assert not etcd.check(["v/0/ok/0"]) and etcd.check(["v/1/ok/0"])
+    finally:
+        writer.close()
+        etcd.close()
+
+
+def test_a_store_vote_on_etcd_commits_everywhere(cluster: EtcdCluster) -> None:
+    from torchnext.distributed.training.commit import CommitVote
+
+    stores = [connect_etcd_store(cluster.url("vote"), timedelta(seconds=10)) for _ in range(3)]
+    out: list[Any] = [None] * 3
+
+    def member(rank: int) -> None:
+        out[rank] = CommitVote(stores[rank]).decide(
+            epoch=0,
+            step=0,
+            rank=rank,
+            size=3,
+            ok=True,
+            timeout=timedelta(seconds=10),
+            failed=lambda: "",
+            joiners_pending=lambda: rank == 2,
+        )
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert all(d is not None and d.commit for d in out), out
+        assert len({d.grow for d in out}) == 1  # one proposal won, every member adopted it
+        CommitVote(stores[0]).cleanup(0, 0, 3)
+        assert stores[0].num_keys() == 0
+    finally:
+        for store in stores:
+            store.close()
+
+
 def _bounded_and_prompt(etcd: EtcdStore) -> None:
     # Bounded and prompt: a missing key fails within its timeout, a late one wakes a waiter.
     etcd.set_timeout(timedelta(seconds=1))

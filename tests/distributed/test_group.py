@@ -101,6 +101,17 @@ def test_sigstop_detected_by_heartbeat() -> None:
         assert r.value["suspects"] == [2]
 
 
+def _fenced(g: FaultTolerantGroup, x: torch.Tensor, ctx: WorkerContext, exc: Exception) -> dict:
+    # The stopped member woke up in an old epoch: it is fenced out, and stays out.
+    try:
+        g.all_reduce(x)
+    except StaleEpochError:
+        return {"stale": True, "message": str(exc)}
+    finally:
+        ctx.store.set("stale/checked", "1")
+    return {"stale": "op was allowed"}
+
+
 def _stale_member(ctx: WorkerContext) -> dict:
     g = FaultTolerantGroup.from_env(config=FAST)
     x = torch.ones(8)
@@ -110,18 +121,14 @@ def _stale_member(ctx: WorkerContext) -> dict:
             g.all_reduce(x)
     except CommRevokedError:
         pass
+    except StaleEpochError as exc:
+        # Its monitor read the decision that left it out before an op failed (fencing).
+        return _fenced(g, x, ctx, exc)
     try:
         g.agree(timeout=T30)
         g.shrink()
     except StaleEpochError as exc:
-        # The stopped member woke up in an old epoch: it is fenced out.
-        try:
-            g.all_reduce(x)
-        except StaleEpochError:
-            return {"stale": True, "message": str(exc)}
-        finally:
-            ctx.store.set("stale/checked", "1")
-        return {"stale": "op was allowed"}
+        return _fenced(g, x, ctx, exc)
     # Survivors keep working while the stale member is out, and stay until it has
     # tried its old epoch (an event, not a sleep: its resume time is the fault's).
     for _ in range(5):

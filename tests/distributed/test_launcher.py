@@ -6,6 +6,7 @@ import socket
 import sys
 import textwrap
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -148,17 +149,18 @@ def test_evicted_worker_is_killed_and_replaced(tmp_path: Path) -> None:
             store.set(EVICTED_KEY_PREFIX + me, "1")
             time.sleep(60)  # hung: only the agent's SIGKILL ends this
         if me == "n0w1.r1":
-            store.set("test/replacement-started", "1")
+            store.set("replaced", "1")
         if me == "n0w0":
-            # Stay until the replacement runs (bounded), so the job cannot end before the
-            # agent acted on the eviction, however slow the machine.
-            store.wait(["test/replacement-started"], timedelta(seconds=60))
+            store.wait(["replaced"])  # finish only once the replacement runs
         """,
     )
-    rc, _, agent = _run(script, AgentConfig(nproc=2, max_restarts=1))
+    config = AgentConfig(nproc=2, max_restarts=1, evict_grace=timedelta(milliseconds=500))
+    rc, events, agent = _run(script, config)
     assert rc == 0
     kinds = {e.member_id: e.kind for e in agent.exits}
-    assert kinds["n0w1"] == "crashed" and kinds["n0w1.r1"] == "finished"
+    # Killed after the grace it had to leave by itself: an eviction, not a crash.
+    assert kinds["n0w1"] == "evicted" and kinds["n0w1.r1"] == "finished"
+    assert any("did not exit within 0:00:00.500000; killing it" in e.message for e in events)
 
 
 def test_store_port_in_use_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -326,7 +328,14 @@ def test_agent_stops_using_a_store_that_went_away(tmp_path: Path) -> None:
         agent.start()
         assert agent.poll()
         del server  # the hosting node is gone
-        for _ in range(5):
+        # The agent reads the store twice a second: poll (bounded) until it noticed, then
+        # some more, and it still says so once.
+        deadline = time.monotonic() + 10
+        while not any("does not answer" in e.message for e in events):
+            assert agent.poll() and time.monotonic() < deadline, [e.message for e in events]
+            time.sleep(0.05)
+        for _ in range(20):
             assert agent.poll()
-    lost = [e for e in events if "lost the store" in e.message]
+            time.sleep(0.05)
+    lost = [e for e in events if "does not answer" in e.message]
     assert len(lost) == 1 and config.store_addr in lost[0].message

@@ -92,7 +92,9 @@ def test_a_warm_spare_replaces_a_killed_worker_and_heals_fast(tmp_path: Path) ->
             for e in agent.exits
             if e.kind == "finished"
         }
-        spare_exits = list(pool.exits)
+    # Read after the agent's shutdown, which releases the spares, waits for them and reaps
+    # them: the refilled spare may still be starting when the last worker finishes.
+    spare_exits = list(pool.exits)
     logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("*.log")}
     tail = "\n".join(text[-2000:] for text in logs.values())
     messages = [e.message for e in events]

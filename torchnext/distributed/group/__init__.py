@@ -8,7 +8,9 @@ survive a member dying or hanging; :func:`as_process_group` gives a
 The modules, from the bottom up: :mod:`.config` (timeouts), :mod:`.membership` (what
 an agreement decided, the store keys), :mod:`.hooks` (observers of every op),
 :mod:`.epoch` (one epoch's native group and its revocation), :mod:`.heartbeat`,
-:mod:`.work` (async handles), :mod:`.backend` (builds an epoch's native group),
+:mod:`.fencing` (eviction and a lost store, the ends no retry undoes),
+:mod:`.work` (async handles), :mod:`.wire` (bytes each op puts on the wire),
+:mod:`.backend` (builds an epoch's native group),
 :mod:`.collectives` and :mod:`.p2p` (the ops), :mod:`.fault_tolerant_group` (the
 group) and :mod:`.interop` (the c10d view).
 

@@ -153,10 +153,9 @@ def agree_on_next(
         monitor.refresh_joiners()
     raw: bytes | None = None
     while raw is None:
-        if store.check([keys.decision(number)]):
-            raw = store.get(keys.decision(number))
+        raw, acked = _poll(store, keys, number, epoch.members)
+        if raw is not None:
             break
-        acked = {m for m in epoch.members if store.check([keys.ack(number, m)])}
         failed = {m for m in epoch.members if m not in acked and monitor.failure_of(m)}
         waiting = [m for m in epoch.members if m not in acked and m not in failed]
         now = time.monotonic()
@@ -175,6 +174,23 @@ def agree_on_next(
     for joiner in decision.joined:
         store.set(keys.admitted(joiner), str(number + 1))
     return decision
+
+
+def _poll(
+    store: Any, keys: Keys, number: int, members: tuple[str, ...]
+) -> tuple[bytes | None, set[str]]:
+    """Epoch ``number``'s decision (None: none yet) and the members that acked it.
+
+    One request on a store with ``read_many`` (etcd, where a request per member and
+    poll would load the cluster); else a ``check`` each (cheap on a ``TCPStore``)."""
+    read_many = getattr(store, "read_many", None)
+    if read_many is not None:
+        values = read_many([keys.decision(number), *(keys.ack(number, m) for m in members)])
+        acked = {m for m, v in zip(members, values[1:], strict=True) if v is not None}
+        return values[0], acked
+    if store.check([keys.decision(number)]):
+        return bytes(store.get(keys.decision(number))), set()
+    return None, {m for m in members if store.check([keys.ack(number, m)])}
 
 
 def check_reconfigure(

@@ -64,7 +64,9 @@ OnBuildFailure = Callable[[str], CommRevokedError]
 
 
 def connect_store(addr: str, timeout: timedelta) -> dist.Store:
-    """A client of the TCPStore at ``host:port``; :class:`StoreUnreachableError` if none.
+    """A client of the TCPStore at ``host:port`` whose every call is bounded by ``timeout``
+    (:class:`~torchnext.distributed.launch.bounded_store.BoundedTCPStore`);
+    :class:`StoreUnreachableError` if none.
 
     ``etcd://h1:2379,h2:2379/namespace`` gives an etcd-backed store instead
     (:mod:`torchnext.distributed.launch.etcd_store`).
@@ -79,8 +81,11 @@ def connect_store(addr: str, timeout: timedelta) -> dist.Store:
             f"store address {addr!r} is not host:port; set {_env.TORCHNEXT_STORE_ADDR.name} "
             "like '10.0.0.1:29500' (or etcd://h1:2379,h2:2379,h3:2379/job for an etcd store)"
         )
+    from torchnext.distributed.launch.bounded_store import BoundedTCPStore
+
     try:
-        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        # Bounded: a plain TCPStore client blocks for ever on a store host that went silent.
+        return BoundedTCPStore(host, int(port), timeout=timeout)
     except (RuntimeError, OSError) as exc:
         raise StoreUnreachableError(
             f"cannot reach the store at {addr} within {timeout}: {exc}. Check that the "

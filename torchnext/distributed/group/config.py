@@ -8,7 +8,8 @@ explicit value always wins.
 What not to assume: recovery time does not depend on ``collective_timeout`` (a failure
 revokes the epoch, which wakes every waiter within ``poll_interval`` plus a wait
 slice), but hang detection does depend on ``heartbeat_timeout``: a SIGSTOPped peer on
-another host is only suspected once its heartbeat is that old.
+another host, or a host that lost power or its network, is only suspected once its
+heartbeat is that old.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ class GroupConfig:
     """How often a member writes its heartbeat to the store (``TORCHNEXT_HEARTBEAT_INTERVAL``)."""
     heartbeat_timeout: timedelta = field(default_factory=_heartbeat_timeout)
     """A member whose heartbeat has not advanced for this long is suspected failed
-    (``TORCHNEXT_HEARTBEAT_TIMEOUT``, 3 s)."""
+    (``TORCHNEXT_HEARTBEAT_TIMEOUT``, 1.5 s): a silent host is seen within about this
+    plus two heartbeat intervals. Silence counts only while this member's monitor
+    watches (its own stalls and store outages are credited), so load delays detection
+    rather than causing false suspicions."""
     poll_interval: timedelta = timedelta(milliseconds=20)
     """How often each member checks the store for a revoke of its epoch."""
     wait_slice: timedelta = timedelta(milliseconds=50)

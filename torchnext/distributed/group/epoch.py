@@ -110,7 +110,23 @@ class RetiredEpochs:
         self.epochs: list[Epoch] = []
 
     def add(self, epoch: Epoch) -> None:
-        self.epochs.append(epoch)
+        if epoch not in self.epochs:
+            self.epochs.append(epoch)
+
+    def on_revoke(
+        self, mark: Callable[[Epoch, bytes | str], None], epoch: Epoch
+    ) -> Callable[[bytes | str], None]:
+        """A revoke callback for ``epoch`` (a split sub-group's) that applies ``mark`` and
+        keeps the epoch here. A sub-group is dropped by whoever split it, and the garbage
+        collector would free its native group on whatever thread it runs in: a gloo op
+        still blocked there (until its timeout) would hold that thread, the monitor's
+        included, in the group's destructor."""
+
+        def end(raw: bytes | str) -> None:
+            mark(epoch, raw)
+            self.add(epoch)
+
+        return end
 
     def prune(self) -> None:
         keep: list[Epoch] = []

@@ -51,6 +51,7 @@ values; a revoked epoch never recovers (call :meth:`agree` then :meth:`shrink`);
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import time
 import weakref
@@ -65,7 +66,6 @@ from torchnext.distributed.group.agreement import (
     agree_on_next,
     await_admission,
     check_reconfigure,
-    eviction_error,
     register_initial,
 )
 from torchnext.distributed.group.backend import (
@@ -77,6 +77,7 @@ from torchnext.distributed.group.backend import (
 from torchnext.distributed.group.collectives import Collectives
 from torchnext.distributed.group.config import GroupConfig, check_group_args, group_device
 from torchnext.distributed.group.epoch import Epoch, RetiredEpochs
+from torchnext.distributed.group.fencing import Fence
 from torchnext.distributed.group.heartbeat import Monitor, Watch
 from torchnext.distributed.group.issue import OpIssuer
 from torchnext.distributed.group.membership import Keys, Membership, ProcessRecord
@@ -161,7 +162,6 @@ class FaultTolerantGroup(Collectives, PointToPoint):
         self._keys = Keys(name)
         self._parent = parent
         self._shutdown = False
-        self._evicted: StaleEpochError | None = None
         self._decided: dict[int, Membership] = {}
         self._split_count = 0
         if parent is None:
@@ -172,22 +172,25 @@ class FaultTolerantGroup(Collectives, PointToPoint):
                 clone_store(store, cfg.store_timeout), self._keys, member_id, cfg
             )
             self._retired = RetiredEpochs()
+            self._fence = Fence(store, member_id=member_id, name=name)
             self._monitor.add_housekeeping(self._retired.prune)
             self._builder = EpochBuilder(
                 store, self._keys, member_id=member_id, backend=backend, config=cfg, group_name=name
             )
         else:
             self._monitor, self._retired = parent._monitor, parent._retired
+            self._fence = parent._fence
             self._builder = parent._builder
         self._revoker = Revoker(
             store, self._keys, self._monitor, member_id=member_id, name=name, backend=backend
         )
-        self._ops = OpIssuer(
+        self._ops: OpIssuer = OpIssuer(
             name=name,
             config=cfg,
             device=group_device(backend),
             check_usable=self._check_usable,
             on_failure=self._revoker.on_op_failure,
+            wire=parent._ops.wire if parent is not None else None,  # a split counts in its parent
         )
         Collectives.__init__(self, self._ops)
         PointToPoint.__init__(self, self._ops)
@@ -227,19 +230,18 @@ class FaultTolerantGroup(Collectives, PointToPoint):
         self = cls.__new__(cls)
         self._setup(store, member_id=member_id, backend=backend, config=config, name=name)
         self._monitor.start()
+        keys, cfg = self._keys, self.config
         try:
             admitted = await_admission(
-                store,
-                self._keys,
-                member_id=member_id,
-                timeout=timeout,
-                config=self.config,
-                name=name,
+                store, keys, member_id=member_id, timeout=timeout, config=cfg, name=name
             )
         except CommTimeoutError:
             self._monitor.stop()
             raise
-        self._open_epoch(*admitted)
+        # A member dying while this one connects revokes the epoch: this process is a
+        # member all the same, and recovers (agree, shrink) with the others at its first op.
+        with contextlib.suppress(CommRevokedError):
+            self._open_epoch(*admitted)
         return self
 
     # ------------------------------------------------------------------ attributes
@@ -272,8 +274,8 @@ class FaultTolerantGroup(Collectives, PointToPoint):
         return self._epoch.pg
 
     def errored(self) -> BaseException | None:
-        """The error that broke the current epoch (revoke, timeout, eviction), or None."""
-        return self._evicted or self._epoch.revoked or self._revoker.last_error
+        """Why the current epoch broke (store lost, eviction, revoke, timeout), or None."""
+        return self._fence.error or self._epoch.revoked or self._revoker.last_error
 
     def __repr__(self) -> str:
         return (
@@ -290,6 +292,7 @@ class FaultTolerantGroup(Collectives, PointToPoint):
             )
         epoch = Epoch(number, members, members.index(self.member_id))
         self._epoch = self._ops.epoch = epoch
+        self._split_count = 0  # per epoch, so a joiner names sub-groups as its peers do
         revoker = self._revoker
         self._monitor.set_watch(
             Watch(
@@ -298,6 +301,8 @@ class FaultTolerantGroup(Collectives, PointToPoint):
                 revoke_keys={self._keys.revoked(number): lambda raw: revoker.mark(epoch, raw)},
                 on_suspects=lambda failed, why: revoker.suspected(epoch, self._epoch, failed, why),
                 on_stale=lambda latest: revoker.superseded(epoch, self._epoch, latest),
+                on_evicted=lambda d: self._fence.evicted_by(epoch, self._epoch, d, self._retire),
+                on_store_lost=lambda e: self._fence.lose_store(self._epoch, e, self._revoker.mark),
             )
         )
         epoch.pg = self._build_backend(epoch, self._keys.pg_prefix(number))
@@ -402,10 +407,7 @@ class FaultTolerantGroup(Collectives, PointToPoint):
         return decision
 
     def _evict(self, decision: Membership) -> None:
-        err = eviction_error(decision, member_id=self.member_id, name=self.name)
-        self._evicted = err
-        self._retire(self._epoch, "this member was evicted")
-        raise err
+        raise self._fence.evict(decision, self._epoch, self._retire)
 
     def _transition(self, decision: Membership) -> None:
         old = self._epoch
@@ -430,9 +432,8 @@ class FaultTolerantGroup(Collectives, PointToPoint):
 
         ``split(ranks)``: the members at those ranks, in the given order (2.14 order
         semantics); ``split(color=c, key=k)``: members with the same color, ordered by
-        ``(key, rank)``; ``color=None`` opts out. Non-members get
-        ``torch.distributed.GroupMember.NON_GROUP_MEMBER`` (-100).
-        See :mod:`torchnext.distributed.group.split` for the semantics as Python.
+        ``(key, rank)``; ``color=None`` opts out and gets ``NON_GROUP_MEMBER`` (-100).
+        Semantics as Python: :mod:`torchnext.distributed.group.split`.
         """
         self._check_usable()
         bound = timeout if timeout is not None else self.config.collective_timeout
@@ -463,12 +464,11 @@ class FaultTolerantGroup(Collectives, PointToPoint):
         )
         epoch = Epoch(parent_epoch.number, members, members.index(self.member_id), sub=sub)
         child._epoch = child._ops.epoch = epoch
+        end = self._retired.on_revoke(child._revoker.mark, epoch)  # kept while ops block
         with parent_epoch.lock:
-            parent_epoch.children.append(lambda raw: child._revoker.mark(epoch, raw))
+            parent_epoch.children.append(end)
             revoked = parent_epoch.revoked
-        self._monitor.add_revoke_key(
-            self._keys.revoked(epoch.number, sub), lambda raw: child._revoker.mark(epoch, raw)
-        )
+        self._monitor.add_revoke_key(self._keys.revoked(epoch.number, sub), end)
         if revoked is not None:
             child._revoker.retire(epoch, revoked.reason)
             raise revoked
@@ -495,8 +495,7 @@ class FaultTolerantGroup(Collectives, PointToPoint):
             raise GroupShutdownError(
                 f"group {self.name!r} of {self.member_id} was shut down; create or join a new one"
             )
-        if self._evicted is not None:
-            raise self._evicted
+        self._fence.check()
         if self._parent is not None and self._parent._shutdown:
             raise GroupShutdownError(f"the parent of split group {self.name!r} was shut down")
         if not allow_revoked and self._epoch.revoked is not None:

@@ -8,7 +8,28 @@ the latest epoch (fencing), and tracks pending joiners.
 
 Liveness is judged by *change*, in this process's monotonic clock: a peer whose
 counter has not moved for ``heartbeat_timeout`` is suspected. No wall clocks are
-compared across hosts, so clock skew cannot cause false suspicions.
+compared across hosts, so clock skew cannot cause false suspicions. Silence is counted
+only while this monitor watches: a peer's silence is measured up to this monitor's
+latest successful read; of a long gap between two reads (this process was
+descheduled, the store was slow) only half a ``heartbeat_timeout`` is counted against a
+peer that did not beat meanwhile; and after a store outage (calls failed) every peer
+starts again with a full ``heartbeat_timeout`` of credit. So a loaded machine, or a
+store that paused or failed over, delays detection instead of causing false suspicions.
+
+Fencing: when the latest epoch is newer than this member's and the decision that ended
+its epoch leaves it out, the member was evicted (a host cut off from the others that
+came back): the watch's ``on_evicted`` is told at once, so the process learns it within
+a heartbeat interval of reaching the store again and can exit for a replacement.
+
+The store itself: the monitor's calls are bounded by a short timeout (about
+``heartbeat_timeout``); a call that fails starts an outage, and an outage longer than
+``store_timeout`` means the store is lost (its host is down, or this host is cut off):
+the watch's ``on_store_lost`` gets a :class:`~torchnext.errors.StoreLostError` naming
+the store and the fix, and the monitor stops.
+
+On an etcd store a second thread waits for the epoch's revoke key (an etcd watch) and
+wakes the monitor, which then polls only at each heartbeat: polling every
+``poll_interval`` would cost the cluster 50 requests a second per member.
 
 The monitor never sits on an op's critical path: ops read one attribute (is my epoch
 revoked?) and the monitor writes it. Its callbacks run on the monitor thread and must
@@ -18,18 +39,54 @@ not block for long. Do not assume it sees a revoke instantly: allow ``poll_inter
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from torchnext.distributed.group.config import GroupConfig
-from torchnext.distributed.group.membership import Keys, ProcessRecord, probe_process
+from torchnext.distributed.group.membership import Keys, Membership, ProcessRecord, probe_process
+from torchnext.errors import StoreLostError
 
-__all__ = ["Monitor", "Watch"]
+__all__ = ["Monitor", "Watch", "monitor_call_timeout", "store_lost_error"]
 
 logger = logging.getLogger(__name__)
+
+_HOST_SIBLING_FRACTION = 0.5
+"""A member silent for this fraction of ``heartbeat_timeout`` fails with a host sibling
+that is silent for all of it (a live member is silent for about one heartbeat interval)."""
+
+_READ_SLACK_S = 0.1
+_REVOKE_WAIT_SLICE = timedelta(milliseconds=500)
+"""How long one wait for a revoke key lasts before it is re-armed (on a new epoch's key)."""
+
+
+def _waits_cheaply(store: Any) -> bool:
+    """Whether waiting on ``store`` costs the server little (etcd watches), so a revoke is
+    better waited for than polled."""
+    return str(getattr(store, "url", "") or "").startswith("etcd://")
+
+
+def _gap_allowance_s(config: GroupConfig) -> float:
+    """How long a gap between two reads of the counters counts in full; the rest is credit.
+
+    At least a heartbeat interval and a poll (a normal gap), and half the heartbeat
+    timeout: a stall that every member shared (a store that paused, an etcd member that
+    died and had its clients fail over) delays live peers' beats as much as this
+    monitor's reads, so after it a live peer shows at most this much silence plus an
+    interval, well under the timeout; while a peer that died when the stall began is
+    still suspected half a timeout after it ends, not a whole one.
+    """
+    normal = (
+        config.heartbeat_interval.total_seconds()
+        + config.poll_interval.total_seconds()
+        + _READ_SLACK_S
+    )
+    return max(normal, config.heartbeat_timeout.total_seconds() * 0.5)
 
 
 @dataclass
@@ -44,6 +101,46 @@ class Watch:
     """Called with failed members and a reason (once per member per epoch)."""
     on_stale: Callable[[int], None]
     """Called with the latest epoch when it is newer than ``epoch`` (fencing)."""
+    on_evicted: Callable[[Membership], None] | None = None
+    """Called once with the decision that ended ``epoch`` without this member."""
+    on_store_lost: Callable[[StoreLostError], None] | None = None
+    """Called once when the store has not answered for ``store_timeout``."""
+
+
+def monitor_call_timeout(config: GroupConfig) -> timedelta:
+    """The bound on each of the monitor's store calls: about one heartbeat timeout.
+
+    Short, so a silent store is noticed (and its outage timed) while heartbeats still
+    matter; never above ``store_timeout``, nor below a second (a loaded store host may
+    take that long to answer, and a call that fails only starts an outage).
+    """
+    return min(config.store_timeout, max(config.heartbeat_timeout, timedelta(seconds=1)))
+
+
+def store_lost_error(
+    store: Any, silent_for: timedelta, last_error: BaseException
+) -> StoreLostError:
+    """The error of a member whose store has not answered for ``silent_for``."""
+    url = str(getattr(store, "url", "") or "")
+    if url.startswith("etcd://"):
+        where = f"the etcd cluster {url}"
+        fix = (
+            "No member with quorum answered: bring a majority of the cluster's members "
+            "back (a 3-member cluster survives losing one)."
+        )
+    else:
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+        where = f"the TCP store at {host}:{port}" if host is not None else type(store).__name__
+        fix = (
+            "A TCP store lives on one host (node 0's agent): if that host is down the job "
+            "is lost. To survive losing any one host, keep the store on an etcd cluster: "
+            "torchnext run --store etcd://h1:2379,h2:2379,h3:2379/JOB."
+        )
+    first = str(last_error).splitlines()[0] if str(last_error) else type(last_error).__name__
+    return StoreLostError(
+        f"{where} has not answered for over {silent_for} (last error: {first}); its host "
+        f"may be down, or this host cut off from it. {fix}"
+    )
 
 
 class Monitor:
@@ -58,22 +155,48 @@ class Monitor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._counts: dict[str, bytes] = {}
+        self._counts: dict[str, bytes | None] = {}
         self._changed_at: dict[str, float] = {}
+        self._observed_at: float | None = None
+        """When the last read of every peer's counter returned (silence is counted to it)."""
         self._records: dict[str, ProcessRecord | None] = {}
         self._reported: set[tuple[int, str]] = set()
+        self._evicted_epochs: set[int] = set()
         self._joiners: list[str] = []
         self._joiner_count = 0
         self._admitted: set[str] = set()
-        self._store_error_since: float | None = None
-        self.store_error: BaseException | None = None
+        self._last_ok = time.monotonic()
+        self._outage: BaseException | None = None
+        self.store_error: StoreLostError | None = None
+        """Set once the store has not answered for ``store_timeout`` (the monitor then stops)."""
+        self.longest_silence_s = 0.0
+        """The longest silence of a peer that then beat again (how close live peers came
+        to ``heartbeat_timeout``; a diagnostic)."""
         self.track_joiners = False
         self._housekeeping: list[Callable[[], None]] = []
+        self._beats = 0
+        self._set_and_read: Callable[[str, str, list[str]], list[bytes | None]] | None = getattr(
+            store, "set_and_read", None
+        )
+        """One request that beats and reads everything a heartbeat needs (etcd), if the
+        store has it; else one call each (cheap on a ``TCPStore``)."""
+        self._wake = threading.Event()
+        self._waiter: threading.Thread | None = None
+        try:
+            store.set_timeout(monitor_call_timeout(config))
+        except (AttributeError, RuntimeError):
+            pass  # a store without set_timeout keeps its own bounds
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         self._beat()
+        self._last_ok = time.monotonic()
+        if _waits_cheaply(self._store):
+            self._waiter = threading.Thread(
+                target=self._wait_for_revokes, name=f"torchnext-ft-revokes-{self._me}", daemon=True
+            )
+            self._waiter.start()
         self._thread = threading.Thread(
             target=self._run, name=f"torchnext-ft-monitor-{self._me}", daemon=True
         )
@@ -81,6 +204,7 @@ class Monitor:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(1.0, 3 * self._config.poll_interval.total_seconds()))
@@ -104,19 +228,58 @@ class Monitor:
 
     # ------------------------------------------------------------------ queries
 
+    def silence_s(self, member: str) -> float:
+        """How long ``member``'s counter has not moved, as of this monitor's last read."""
+        changed, observed = self._changed_at.get(member), self._observed_at
+        if changed is None or observed is None:
+            return 0.0
+        return max(0.0, observed - changed)
+
     def failure_of(self, member: str) -> str | None:
-        """Why ``member`` is considered failed now, or None if it looks alive."""
+        """Why ``member`` is considered failed now, or None if it looks alive.
+
+        A member silent for over ``heartbeat_timeout`` has failed; so has one on another
+        host silent for over half of it when a member of the same host is silent for over
+        all of it: a host that lost power or its network takes its members together, and
+        they are ruled out together (one agreement, one shrink) instead of each at its
+        own timeout.
+        """
         if member == self._me:
             return None
         state = self._probe(member)
         if state == "dead":
             return "process is gone"
-        changed = self._changed_at.get(member)
         timeout_s = self._config.heartbeat_timeout.total_seconds()
-        if changed is not None and time.monotonic() - changed > timeout_s:
+        silence = self.silence_s(member)
+        if silence > timeout_s:
             what = "stopped" if state == "stopped" else "unresponsive"
             return f"{what}: no heartbeat for over {self._config.heartbeat_timeout}"
+        if silence > timeout_s * _HOST_SIBLING_FRACTION:
+            sibling = self._silent_sibling(member, timeout_s)
+            if sibling is not None:
+                return (
+                    f"unresponsive: no heartbeat for {silence:.2f} s, like {sibling} of the "
+                    f"same host (none for over {self._config.heartbeat_timeout}): the host is silent"
+                )
         return None
+
+    def _silent_sibling(self, member: str, timeout_s: float) -> str | None:
+        """Another member of the current epoch on ``member``'s host, silent for over
+        ``timeout_s``, if any. Never on this monitor's own host: there a process that
+        is alive is seen alive (``/proc``), so one silent process says nothing of others."""
+        host, watch = self._host_of(member), self._watch
+        if host is None or host == socket.gethostname() or watch is None:
+            return None
+        for other in watch.members:
+            if other in (member, self._me) or self.silence_s(other) <= timeout_s:
+                continue
+            if self._host_of(other) == host:
+                return other
+        return None
+
+    def _host_of(self, member: str) -> str | None:
+        record = self._record(member)
+        return None if record is None else record.host
 
     def is_dead(self, member: str) -> bool:
         """True only when a same-host probe shows ``member``'s process is gone."""
@@ -139,9 +302,8 @@ class Monitor:
 
     # ------------------------------------------------------------------ internals
 
-    def _probe(self, member: str) -> str:
-        if not self._config.probe_local_pids:
-            return "unknown"
+    def _record(self, member: str) -> ProcessRecord | None:
+        """Where ``member`` runs (its published record; cached once found)."""
         if member not in self._records:
             key = self._keys.process(member)
             try:
@@ -151,43 +313,113 @@ class Monitor:
             except Exception:  # noqa: BLE001 - no record: rely on heartbeats
                 record = None
             if record is None:
-                return "unknown"
+                return None
             self._records[member] = record
-        record = self._records[member]
+        return self._records[member]
+
+    def _probe(self, member: str) -> str:
+        if not self._config.probe_local_pids:
+            return "unknown"
+        record = self._record(member)
         return "unknown" if record is None else probe_process(record)
 
+    def _beat_value(self) -> str:
+        # Each member is its key's only writer, so a plain set does (no atomic add: on
+        # etcd that is a compare-and-swap); the pid tells a restarted process's count apart.
+        self._beats += 1
+        return f"{os.getpid()}.{self._beats}"
+
     def _beat(self) -> None:
-        self._store.add(self._keys.heartbeat(self._me), 1)
+        self._store.set(self._keys.heartbeat(self._me), self._beat_value())
 
     def _run(self) -> None:
         poll_s = self._config.poll_interval.total_seconds()
         beat_s = self._config.heartbeat_interval.total_seconds()
+        if self._waiter is not None:
+            poll_s = max(poll_s, beat_s)  # the waiter wakes the loop; polling is a fallback
         next_beat = time.monotonic() + beat_s
-        while not self._stop.wait(poll_s):
+        while True:
+            self._wake.wait(poll_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
-                self._check_revokes()
                 now = time.monotonic()
-                if now >= next_beat:
+                beat_due = now + poll_s / 2 >= next_beat  # a wait may end a hair early
+                if beat_due:
                     next_beat = now + beat_s
-                    self._beat()
-                    self._check_liveness()
+                if beat_due and self._set_and_read is not None:
+                    self._heartbeat_in_one_request()
+                else:
+                    self._check_revokes()
+                    if beat_due:
+                        self._beat()
+                        self._check_liveness()
+                if beat_due:
                     for fn in self._housekeeping:
                         fn()
-                self._store_error_since = None
+                self._store_answered()
             except Exception as exc:  # noqa: BLE001 - the store may be briefly unreachable
                 if self._stop.is_set():
                     return
-                now = time.monotonic()
-                if self._store_error_since is None:
-                    self._store_error_since = now
-                elif now - self._store_error_since > self._config.store_timeout.total_seconds():
-                    self.store_error = exc
-                    watch = self._watch
-                    if watch is not None:
-                        watch.on_suspects(
-                            [], f"store unreachable for over {self._config.store_timeout}: {exc}"
-                        )
-                    self._store_error_since = now
+                if self._store_failed(exc):
+                    return
+
+    def _store_answered(self) -> None:
+        self._last_ok = time.monotonic()
+        if self._outage is not None:
+            # Nothing this monitor could not see is held against anyone: every peer
+            # starts again with a full heartbeat_timeout of credit. Half of it, as after
+            # a stall, is not enough: peers' outages end up to a store call later than
+            # this one's (an etcd election, a failover), and they beat only then.
+            logger.info("%s: the store answers again after an outage", self._me)
+            self._outage = None
+            self._observed_at = None
+            self._changed_at = dict.fromkeys(self._changed_at, self._last_ok)
+
+    def _store_failed(self, exc: BaseException) -> bool:
+        """Note a failed store call; True once the store is lost (the monitor stops)."""
+        if self._outage is None:
+            logger.warning("%s: store call failed, retrying: %s", self._me, exc)
+        self._outage = exc
+        silent = time.monotonic() - self._last_ok
+        if silent <= self._config.store_timeout.total_seconds():
+            # A client may reconnect on its next call; pace the retries a little.
+            self._stop.wait(self._config.poll_interval.total_seconds() * 5)
+            return False
+        error = store_lost_error(self._store, self._config.store_timeout, exc)
+        self.store_error = error
+        watch = self._watch
+        if watch is not None:
+            if watch.on_store_lost is not None:
+                watch.on_store_lost(error)
+            else:
+                watch.on_suspects([], str(error))
+        return True
+
+    def _wait_for_revokes(self) -> None:
+        """On a store whose waits are cheap server-side watches (etcd), wait for the
+        epoch's revoke key and wake the monitor at once, instead of polling for it every
+        ``poll_interval`` (50 requests a second per member, most of an etcd cluster's
+        capacity on a small machine). The monitor still checks at every heartbeat."""
+        store = self._store.clone()
+        pause_s = self._config.poll_interval.total_seconds()
+        while not self._stop.is_set():
+            watch = self._watch
+            keys = list(watch.revoke_keys)[:1] if watch is not None else []
+            if not keys:
+                self._stop.wait(pause_s)
+                continue
+            try:
+                store.wait(keys, _REVOKE_WAIT_SLICE)
+            except Exception:  # noqa: BLE001 - no revoke within the slice, or a failing store
+                self._stop.wait(pause_s)
+                continue
+            self._wake.set()
+            self._stop.wait(pause_s)  # the monitor takes the key off the watch meanwhile
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
 
     def _check_revokes(self) -> None:
         watch = self._watch
@@ -200,24 +432,82 @@ class Monitor:
                     watch.revoke_keys.pop(key, None)
                 callback(value)
 
+    def _read_counters(self, peers: list[str]) -> None:
+        """Read every peer's counter. A gap since the previous read longer than
+        :func:`_gap_allowance_s` (this process stalled, the store was slow or away) is
+        credited to every peer that did not beat meanwhile, so that what this monitor
+        could not watch is not held against anyone."""
+        self._note_counters(peers, self._store.multi_get([self._keys.heartbeat(m) for m in peers]))
+
+    def _note_counters(self, peers: list[str], values: list[bytes] | list[bytes | None]) -> None:
+        """Record the counters just read (None: a peer that has not beaten yet)."""
+        now = time.monotonic()
+        credit = 0.0
+        if self._observed_at is not None:
+            credit = max(0.0, (now - self._observed_at) - _gap_allowance_s(self._config))
+        for m, v in zip(peers, values, strict=True):
+            if self._counts.get(m) != v:
+                if m in self._counts and self._observed_at is not None:
+                    silent = self._observed_at - self._changed_at.get(m, self._observed_at)
+                    self.longest_silence_s = max(self.longest_silence_s, silent)
+                self._counts[m] = v
+                self._changed_at[m] = now
+            elif credit:
+                self._changed_at[m] = min(now, self._changed_at.get(m, now) + credit)
+        self._observed_at = now
+
+    def _peers(self, watch: Watch) -> list[str]:
+        """The members and the pending joiners whose counters this monitor reads."""
+        with self._lock:
+            pending = [j for j in self._joiners if j not in self._admitted]
+        return [m for m in watch.members if m != self._me] + pending
+
     def _check_liveness(self) -> None:
         watch = self._watch
         if watch is None:
             return
         if self.track_joiners:
             self._poll_joiners()
-        with self._lock:
-            pending = [j for j in self._joiners if j not in self._admitted]
-        peers = [m for m in watch.members if m != self._me] + pending
+        peers = self._peers(watch)
         if peers:
-            values = self._store.multi_get([self._keys.heartbeat(m) for m in peers])
-            now = time.monotonic()
-            for m, v in zip(peers, values, strict=True):
-                if self._counts.get(m) != v:
-                    self._counts[m] = v
-                    self._changed_at[m] = now
-        latest = self._store.add(self._keys.latest_epoch(), 0)
+            self._read_counters(peers)
+        else:
+            self._observed_at = time.monotonic()
+        self._judge(watch, int(self._store.add(self._keys.latest_epoch(), 0)))
+
+    def _heartbeat_in_one_request(self) -> None:
+        """Beat, and read the revoke keys, every peer's counter, the latest epoch and the
+        joiner count, in one store request (:attr:`_set_and_read`): on etcd a heartbeat
+        then costs the cluster one transaction instead of five requests."""
+        if self._set_and_read is None:
+            raise RuntimeError("_heartbeat_in_one_request needs a store with set_and_read")
+        watch = self._watch
+        me = self._keys.heartbeat(self._me)
+        if watch is None:
+            self._set_and_read(me, self._beat_value(), [])
+            return
+        with self._lock:
+            revokes = list(watch.revoke_keys.items())
+        peers = self._peers(watch)
+        keys = [key for key, _ in revokes] + [self._keys.heartbeat(m) for m in peers]
+        keys += [self._keys.latest_epoch(), self._keys.joiner_count()]
+        values = self._set_and_read(me, self._beat_value(), keys)
+        for (key, callback), value in zip(revokes, values, strict=False):
+            if value is not None:
+                with self._lock:
+                    watch.revoke_keys.pop(key, None)
+                callback(value)
+        self._note_counters(peers, values[len(revokes) : len(revokes) + len(peers)])
+        latest, joiners = values[-2:]
+        if self.track_joiners:
+            self._poll_joiners(count=int(joiners or 0))
+        self._judge(watch, int(latest or 0))
+
+    def _judge(self, watch: Watch, latest: int) -> None:
+        """Act on what the last reads showed: a newer epoch (fencing), silent members."""
         if latest > watch.epoch:
+            if self._left_out(watch):
+                return
             watch.on_stale(latest)
         failed: list[str] = []
         reasons: list[str] = []
@@ -232,8 +522,24 @@ class Monitor:
         if failed:
             watch.on_suspects(failed, "; ".join(reasons))
 
-    def _poll_joiners(self) -> None:
-        count = int(self._store.add(self._keys.joiner_count(), 0))
+    def _left_out(self, watch: Watch) -> bool:
+        """True when the decision that ended ``watch.epoch`` evicted this member (told once)."""
+        if watch.on_evicted is None or watch.epoch in self._evicted_epochs:
+            return watch.epoch in self._evicted_epochs
+        key = self._keys.decision(watch.epoch)
+        if not self._store.check([key]):
+            return False  # moved on without a decision here: a grow this member is in
+        decision = Membership.from_json(self._store.get(key))
+        # A member that a reconfigure leaves out is released by that call, not evicted.
+        if self._me in decision.members or decision.kind == "reconfigure":
+            return False
+        self._evicted_epochs.add(watch.epoch)
+        watch.on_evicted(decision)
+        return True
+
+    def _poll_joiners(self, count: int | None = None) -> None:
+        if count is None:
+            count = int(self._store.add(self._keys.joiner_count(), 0))
         if count > self._joiner_count:
             slots = [self._keys.joiner_slot(i) for i in range(self._joiner_count, count)]
             ids = [v.decode() for v in self._store.multi_get(slots)]

@@ -26,6 +26,7 @@ import torch
 from torchnext.distributed.group import hooks
 from torchnext.distributed.group.config import GroupConfig
 from torchnext.distributed.group.epoch import Epoch
+from torchnext.distributed.group.wire import WireCounters
 from torchnext.distributed.group.work import Work
 from torchnext.errors import CollectiveMismatchError, CommRevokedError, MembershipError
 
@@ -52,6 +53,7 @@ class OpIssuer:
         "p2p_seq",
         "check_usable",
         "on_failure",
+        "wire",
     )
 
     def __init__(
@@ -62,6 +64,7 @@ class OpIssuer:
         device: torch.device,
         check_usable: Callable[[], None],
         on_failure: OnOpFailure,
+        wire: WireCounters | None = None,
     ) -> None:
         self.name = name
         """The group's name, for messages and the observers."""
@@ -76,6 +79,8 @@ class OpIssuer:
         self.p2p_seq = 0
         self.check_usable = check_usable
         self.on_failure = on_failure
+        self.wire = wire if wire is not None else WireCounters()
+        """Bytes this member's ops put on the wire (:mod:`.wire`); shared with split children."""
 
     # ------------------------------------------------------------------ checks
 
@@ -142,6 +147,7 @@ class OpIssuer:
         self.check_usable()
         epoch = self.epoch
         cfg = self.config
+        self.wire.count(op, size=epoch.size, rank=epoch.rank, root=root, inputs=inputs)
         if is_p2p:
             self.p2p_seq += 1
             seq = self.p2p_seq
@@ -217,6 +223,7 @@ class OpIssuer:
         )
         mine = torch.tensor([zlib.crc32(text.encode()), epoch.rank], dtype=torch.int64)
         table = [torch.zeros(2, dtype=torch.int64) for _ in range(epoch.size)]
+        self.wire.add("validate", size=epoch.size, rank=epoch.rank, root=-1, in_bytes=0)
         work = epoch.pg.allgather([table], [mine])
         Work(
             epoch,

@@ -46,6 +46,16 @@ class PointToPoint:
     def __init__(self, issuer: OpIssuer) -> None:
         self._p2p = issuer
 
+    def wire_bytes(self) -> dict[str, int]:
+        """Bytes this member has put on the wire so far, per op kind (``allreduce``,
+        ``broadcast``, ``allgather``, ``send``...): collectives and point-to-point, across
+        every epoch (shrink, grow) and split sub-group of the group.
+
+        Modelled from each op's payload and algorithm; see :mod:`.wire` for the table.
+        Add healing traffic with :func:`~torchnext.distributed.group.wire.with_heal`.
+        """
+        return self._p2p.wire.bytes()
+
     def send(
         self,
         tensor: torch.Tensor,

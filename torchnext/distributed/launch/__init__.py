@@ -5,6 +5,10 @@ workers, replace the ones that die and evict the ones the group fenced out. The
 worker side is :mod:`.worker_entry` (what the agent executes); the store keys both
 sides read are in :mod:`.keys`; exit codes and their meaning in :mod:`.exits`; the
 agent's configuration in :mod:`.config`; warm spares (``--spares``) in :mod:`.spares`.
+The store: hosting, connecting and leaving it in :mod:`.store`, a ``TCPStore`` client
+whose every call is bounded in :mod:`.bounded_store`, the agent's view of it through
+outages in :mod:`.store_link`; evicted workers in :mod:`.evictions`; the checks between
+the agents of one job (node ranks, job shape) in :mod:`.claims`.
 
 What not to assume: names are loaded on first use; a worker process imports
 :mod:`.keys`, :mod:`.exits`, :mod:`.store` and :mod:`.spares` (with what they import),

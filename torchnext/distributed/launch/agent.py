@@ -9,27 +9,38 @@ script on one machine, or as one agent per machine of a multi-node job. The agen
 * starts ``nproc`` workers with ``TORCHNEXT_STORE_ADDR``, ``TORCHNEXT_MEMBER_ID`` and
   ``TORCHNEXT_WORLD_SIZE`` set, which is all ``FaultTolerantGroup.from_env()`` and the
   training :class:`~torchnext.distributed.manager.Manager` need;
-* reports every exit, and classifies it: finished (code 0); crashed (killed by a
-  signal) or evicted (code :data:`EXIT_EVICTED`, a worker that hung and was fenced
-  out) - both replaced, up to ``max_restarts`` in all, by a new process with a new
-  member id and ``TORCHNEXT_JOIN=1`` that joins the running group and heals from a
-  live peer; raised (an uncaught exception: a bug) - reported with its traceback and
-  never restarted; if an initial worker raised, the job is stopped (the bug would
-  recur everywhere), if a replacement raised, the job goes on without it;
-* kills (SIGKILL) a worker the survivors evicted while it was hung (e.g. SIGSTOPped),
-  so that it can be replaced;
+* reports and classifies every exit: finished (code 0); crashed (a signal) or evicted
+  (:data:`EXIT_EVICTED`: it hung or was cut off, and was fenced out) - both replaced, up
+  to ``max_restarts`` in all, by a new process (new member id, ``TORCHNEXT_JOIN=1``)
+  that joins the running group and heals from a live peer; raised (an uncaught
+  exception: a bug) - shown with its traceback, never restarted; the job stops if an
+  initial worker raised (it would recur everywhere), not if a replacement did;
+* lets a worker the survivors evicted exit by itself (``EXIT_EVICTED``: it learns of
+  its eviction from its group), and kills (SIGKILL) one that cannot within
+  ``evict_grace`` or is stopped (SIGSTOP), so that it can be replaced
+  (:mod:`~torchnext.distributed.launch.evictions`);
+* checks, when it starts, that no other agent of the job holds its node rank and that
+  every agent runs the same job shape (:mod:`~torchnext.distributed.launch.claims`);
+* keeps supervising when the store does not answer: its own store calls are bounded,
+  an outage pauses its checks until the store answers again (a host cut off and
+  reconnected resumes), and an outage longer than the store timeout is reported as a
+  lost store, with the fix (:mod:`~torchnext.distributed.launch.store_link`). Workers
+  whose store was lost exit with ``EXIT_STORE_LOST``; they are replaced once the store
+  answers again, and an agent left without workers stops after twice the store timeout;
+* with ``--group-size G`` (HSDP) kills a dead process's replica group (G consecutive
+  slots) at once and restarts it whole (:mod:`~torchnext.distributed.launch.replica_slots`);
 * with ``spares`` (``--spares S``), keeps S warm spares waiting in ``Manager.from_env``
   and hands a dead worker's replacement id to one of them instead of starting a cold
   process (:mod:`torchnext.distributed.launch.spares`).
 
-On a multi-node job the agents leave the store in order (see
-:mod:`torchnext.distributed.launch.store`): each non-hosting agent says goodbye once
-its workers are done, and the hosting agent keeps the store up, when it closes, until
-every other agent did, or fell silent for ``detach_timeout``.
+On a multi-node job the agents leave the store in order (:mod:`.store`): each
+non-hosting agent says goodbye once its workers are done, and the hosting agent keeps
+the store up until every other agent did, or fell silent for ``detach_timeout``.
 
 What not to assume: the agent is a single point of failure for its node's workers
-and, on the node that hosts it, for the store (as torchft's lighthouse is). It never
-leaves a process behind: :meth:`Agent.shutdown` terminates, then kills, every worker.
+and, on the node that hosts a TCP store, for the store (as torchft's lighthouse is; an
+``etcd://`` store has none). It never leaves a process behind:
+:meth:`Agent.shutdown` terminates, then kills, every worker.
 """
 
 from __future__ import annotations
@@ -38,17 +49,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
 from torchnext.distributed.flight_recorder.exits import write_exit_record
-from torchnext.distributed.launch.config import AgentConfig, AgentEvent, EventKind
+from torchnext.distributed.launch.claims import JobShape, claim_node
+from torchnext.distributed.launch.config import AgentConfig, AgentEvent, EventKind, print_event
+from torchnext.distributed.launch.evictions import EvictionWatch
 from torchnext.distributed.launch.exits import (
     EXIT_EVICTED,
     WorkerExit,
@@ -64,14 +75,16 @@ from torchnext.distributed.launch.process import (
     signal_process,
     start_worker,
 )
+from torchnext.distributed.launch.replica_slots import ReplicaSlots, stop_siblings
 from torchnext.distributed.launch.spares import SparePool
 from torchnext.distributed.launch.store import (
+    AgentSightings,
     announce_alive,
-    await_goodbyes,
     connect_store,
     host_store,
-    say_goodbye,
+    leave_store,
 )
+from torchnext.distributed.launch.store_link import StoreLink, lost_store_message
 
 __all__ = [
     "EXIT_EVICTED",
@@ -100,7 +113,7 @@ class Agent:
             raise ValueError("Agent: command is empty; pass the worker's argv (script and args).")
         self.command = list(command)
         self.config = config
-        self.on_event = on_event or _print_event
+        self.on_event = on_event or print_event
         self.store: Any = None
         self.store_addr = ""
         self.workers: dict[int, WorkerProcess] = {}
@@ -112,11 +125,25 @@ class Agent:
         self._tmp = tempfile.TemporaryDirectory(prefix="torchnext-agent-")
         self._stopping = False
         self._first_finish: float | None = None
+        self._finished_elsewhere = False
+        self._next_finish_check = 0.0
         self._replacement_counter = 0
+        g, node = config.group_size, config.node_rank
+        self._groups = (
+            ReplicaSlots(group_size=g, node_rank=node, nproc=config.nproc) if g > 1 else None
+        )
+        self._dropping: set[str] = set()
+        """Members the agent killed because their replica group lost a process."""
         self._hosting = False
-        self._store_lost = False
         self._detached = False
         self._next_alive = 0.0
+        self.link: StoreLink | None = None
+        """The agent's store and whether it answers (None before :meth:`start`)."""
+        self._evictions: EvictionWatch | None = None
+        self._sightings: AgentSightings | None = None
+        self._next_sighting = self._next_store_read = 0.0
+        self._orphans: list[WorkerProcess] = []
+        """Workers that exited because the store was lost: replaced once it answers."""
         self._shown_tracebacks: dict[str, str] = {}
         """Traceback text -> the member whose exit showed it (each is printed once)."""
         self._job_events: JobEventReader | None = None
@@ -141,14 +168,41 @@ class Agent:
             )
         elif cfg.store_addr:
             self.store = connect_store(cfg.store_addr, cfg.store_timeout)
+            # The agent's own calls are bounded tighter than a connection: one that
+            # fails pauses its checks (StoreLink), never its supervision.
+            self.store.set_timeout(cfg.store_call_timeout)
             self.store_addr = cfg.store_addr
-            self._announce_alive()
         else:
             self.store = host_store(cfg.store_host, cfg.store_port, cfg.store_timeout)
             self._hosting = True
             port = int(self.store.port)  # type: ignore[attr-defined]
             self.store_addr = f"{cfg.store_host}:{port}"
             self._emit("store", f"store listening on {self.store_addr}")
+        self.link = StoreLink(
+            self.store,
+            self.store_addr,
+            hosted=self._hosting,
+            store_timeout=cfg.store_timeout,
+            emit=lambda message: self._emit("store", message),
+        )
+        self._evictions = EvictionWatch(
+            self.link,
+            grace=cfg.evict_grace,
+            emit=lambda message, member: self._emit("evicting", message, member),
+        )
+        claim_node(
+            self.store,
+            node_rank=cfg.node_rank,
+            shape=JobShape(
+                nnodes=cfg.node_count,
+                nproc=cfg.nproc,
+                world_size=cfg.world_size or cfg.nproc,
+            ),
+        )
+        if self._hosting and cfg.node_count > 1:
+            others = [r for r in range(cfg.node_count) if r != cfg.node_rank]
+            self._sightings = AgentSightings(others)
+        self._announce_alive()
         self._job_events = JobEventReader(self.store)
         for slot in range(cfg.nproc):
             self._spawn(slot, f"n{cfg.node_rank}w{slot}", replacement=False)
@@ -181,7 +235,7 @@ class Agent:
             store_addr=self.store_addr,
             world_size=cfg.world_size or cfg.nproc,
             error_file=Path(self._tmp.name) / f"{name}.error",
-            extra_env=cfg.extra_env,
+            extra_env={**cfg.extra_env, **(self._groups.env(slot) if self._groups else {})},
             log_dir=cfg.log_dir,
             slot=slot,
             join=replacement,
@@ -210,8 +264,11 @@ class Agent:
             self._events_out.write(json.dumps(record, default=str) + "\n")
             self._events_out.flush()
 
+    def _store_up(self) -> bool:
+        return self.link is not None and self.link.up and self.store is not None
+
     def _read_job_events(self) -> None:
-        if self._job_events is None or self._store_lost:
+        if self._job_events is None or not self._store_up():
             return
         for record, line in self._job_events.poll():
             self._write_record({"source": "worker", **record})
@@ -224,8 +281,15 @@ class Agent:
 
     def poll(self) -> bool:
         """Handle exits and evictions once; returns False when no worker is left."""
+        if self.link is not None:
+            self.link.poll()
         self._announce_alive()
-        self._read_job_events()
+        self._watch_agents()
+        # Exits are seen at every poll; the store is read twice a second (load on etcd).
+        store_due = time.monotonic() >= self._next_store_read
+        if store_due:
+            self._next_store_read = time.monotonic() + 0.5
+            self._read_job_events()
         for slot, worker in list(self.workers.items()):
             if self.workers.get(slot) is not worker:
                 # An exit handled earlier in this pass stopped the job, and shutdown()
@@ -233,10 +297,16 @@ class Agent:
                 continue
             code = worker.proc.poll()
             if code is None:
-                self._check_evicted(worker)
+                if store_due and self._evictions is not None and self._store_up():
+                    self._evictions.check(worker)
                 continue
             self._reap(worker, code)
         self._poll_spares()
+        self._note_finish_elsewhere()
+        if self._orphans and not self.workers:
+            return self._await_store_for_orphans()
+        if self._orphans and self._store_up():
+            self._replace_orphans()
         if self._first_finish is not None and self.workers:
             if time.monotonic() - self._first_finish > self.config.finish_grace.total_seconds():
                 names = ", ".join(w.member_id for w in self.workers.values())
@@ -246,63 +316,73 @@ class Agent:
                 self.shutdown()
         return bool(self.workers)
 
+    def _note_finish_elsewhere(self) -> None:
+        """The job finished on another node: this node's workers (a replacement still
+        waiting to be admitted, say) get ``finish_grace`` too, then are stopped."""
+        now = time.monotonic()
+        if self._first_finish is not None or not self.workers or now < self._next_finish_check:
+            return
+        self._next_finish_check = now + 0.5
+        if self._job_finished():
+            self._first_finish = now
+            self._finished_elsewhere = True
+
     def _poll_spares(self) -> None:
         pool = self.spare_pool
-        if pool is None or self._stopping or self._store_lost:
+        if pool is None or self._stopping or not self._store_up() or self.link is None:
             return
+        job_over = self._first_finish is not None or self._job_finished()
         try:
-            pool.poll(job_over=self._first_finish is not None or self._job_finished())
+            pool.poll(job_over=job_over)
         except Exception as exc:  # noqa: BLE001 - a store failure must not kill the agent
-            self._lost_store(exc)
+            self.link.failed(exc)
 
     def _announce_alive(self) -> None:
         """A non-hosting agent of a multi-node job shows the hosting one it still runs."""
         cfg = self.config
-        if self._hosting or self.store is None or self._store_lost or cfg.node_count < 2:
+        if self._hosting or not self._store_up() or self.link is None or cfg.node_count < 2:
             return
         now = time.monotonic()
         if now < self._next_alive:
             return
         # Several beats per detach_timeout, so a busy poll loop is never taken for silence.
         self._next_alive = now + min(1.0, cfg.detach_timeout.total_seconds() / 4)
-        try:
-            announce_alive(self.store, cfg.node_rank)
-        except Exception as exc:  # noqa: BLE001 - a store failure must not kill the agent
-            self._lost_store(exc)
+        self.link.call(lambda store: announce_alive(store, cfg.node_rank), None)
 
-    def _lost_store(self, exc: BaseException) -> None:
-        # Every later call on a store client whose server is gone fails again and makes
-        # torch print a C++ stack trace, so the agent stops using the store at once.
-        if self._hosting:
-            return  # our own server is up; a failed call is a hiccup, not a loss
-        self._store_lost = True
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        self._emit(
-            "store",
-            f"lost the store at {self.store_addr} ({reason}); no more eviction or finish "
-            "checks on this node",
-        )
+    def _watch_agents(self) -> None:
+        """The hosting agent notes the other agents' signs of life (for :meth:`detach`)."""
+        sightings = self._sightings
+        if sightings is None or self.link is None or time.monotonic() < self._next_sighting:
+            return
+        self._next_sighting = time.monotonic() + 1.0
+        self.link.call(sightings.observe, None)
 
-    def _check_evicted(self, worker: WorkerProcess) -> None:
-        if self.store is None or self._store_lost:
-            return
-        key = EVICTED_KEY_PREFIX + worker.member_id
-        try:
-            evicted = self.store.check([key])  # type: ignore[attr-defined]
-        except Exception as exc:  # noqa: BLE001 - a store hiccup must not kill the agent
-            self._lost_store(exc)
-            return
-        if evicted:
+    def _await_store_for_orphans(self) -> bool:
+        """No worker runs and some lost the store: replace them once it answers, for a
+        while; then stop (the store, and with it the job, is gone from here)."""
+        if self._store_up():
+            self._replace_orphans()
+            return bool(self.workers)
+        link = self.link
+        limit = 2 * self.config.store_timeout
+        if link is None or link.down_for_s() > limit.total_seconds():
+            names = ", ".join(w.member_id for w in self._orphans)
+            self._orphans.clear()
             self._emit(
-                "evicting",
-                f"{worker.member_id} was evicted by the group; killing it",
-                worker.member_id,
+                "gave_up",
+                f"stopping: no worker left ({names} lost the store) and "
+                + lost_store_message(self.store_addr, limit),
             )
-            signal_process(worker.proc, signal.SIGKILL)
-            try:
-                self.store.delete_key(key)  # type: ignore[attr-defined]
-            except Exception:  # noqa: BLE001
-                pass
+            return False
+        return True
+
+    def _replace_orphans(self) -> None:
+        orphans, self._orphans = self._orphans, []
+        if self._first_finish is not None or self._job_finished():
+            return
+        for worker in orphans:
+            if worker.slot not in self.workers:
+                self._replace(worker)
 
     def _reap(self, worker: WorkerProcess, code: int) -> None:
         """Forget an exited worker and report its exit (exactly once per worker)."""
@@ -312,6 +392,8 @@ class Agent:
     def _handle_exit(self, worker: WorkerProcess, code: int, tb: str) -> None:
         runtime = time.monotonic() - worker.started
         kind = classify_exit(code, raised=bool(tb), stopping=self._stopping)
+        if self._evictions is not None:
+            kind = self._evictions.exited(worker, kind)  # a killed evictee was evicted
         info = WorkerExit(
             member_id=worker.member_id,
             slot=worker.slot,
@@ -328,7 +410,7 @@ class Agent:
             write_exit_record(worker.error_file, pid=info.pid, returncode=code)
         message = exit_message(info, self._shown_tracebacks)
         self._emit("exited", message, worker.member_id, info)
-        if self._stopping:
+        if self._stopping or worker.member_id in self._dropping:
             return
         if kind == "finished":
             if self._first_finish is None:
@@ -350,63 +432,78 @@ class Agent:
             )
             self.shutdown()
             return
+        if kind == "store_lost" and not self._store_up():
+            self._orphans.append(worker)
+            self._emit(
+                "replacing",
+                f"{worker.member_id} will be replaced if the store at {self.store_addr} "
+                "answers again",
+                worker.member_id,
+            )
+            return
         if (
-            kind in ("crashed", "evicted")
+            kind in ("crashed", "evicted", "store_lost")
             and self._first_finish is None
             and not self._job_finished()
         ):
-            if self.restarts < self.config.max_restarts:
-                self.restarts += 1
-                self._replacement_counter += 1
-                base = worker.member_id.split(".r")[0]
-                new_id = f"{base}.r{self._replacement_counter}"
-                restart = f"(restart {self.restarts}/{self.config.max_restarts})"
-                if self._promote_spare(worker, new_id, restart):
-                    return
-                self._emit(
-                    "replacing",
-                    f"starting replacement {new_id} for {worker.member_id} {restart}",
-                    new_id,
+            self._replace(worker)
+
+    def _replace(self, worker: WorkerProcess) -> None:
+        """Start (or promote a spare as) the replacement of ``worker``, restarts allowing;
+        with replica groups, kill the rest of its group and restart the group whole."""
+        groups = self._groups
+        slots = [worker.slot] if groups is None else groups.slots(worker.slot)
+        self._dropping.update(self.workers[s].member_id for s in slots if s in self.workers)
+        for sibling, code in stop_siblings(self.workers, slots, worker):
+            self._handle_exit(sibling, code, collect_traceback(sibling))
+        what = worker.member_id if groups is None else f"replica group {groups.name(worker.slot)}"
+        if self.restarts >= self.config.max_restarts:
+            self._emit(
+                "gave_up",
+                f"not replacing {what}: --max-restarts={self.config.max_restarts} "
+                "used up; the survivors continue without it",
+                worker.member_id,
+            )
+            return
+        self.restarts += 1
+        self._replacement_counter += 1
+        base = worker.member_id.split(".r")[0]
+        new_id = f"{base}.r{self._replacement_counter}"
+        restart = f"(restart {self.restarts}/{self.config.max_restarts})"
+        if groups is not None:
+            self._emit("replacing", f"restarting {what} as {groups.restart(worker.slot)} {restart}")
+            for slot in slots:
+                self._spawn(
+                    slot,
+                    f"n{self.config.node_rank}w{slot}.r{self._replacement_counter}",
+                    replacement=True,
                 )
-                self._spawn(worker.slot, new_id, replacement=True)
-            else:
-                self._emit(
-                    "gave_up",
-                    f"not replacing {worker.member_id}: --max-restarts={self.config.max_restarts} used up; "
-                    "the survivors continue without it",
-                    worker.member_id,
-                )
+            return
+        if self._promote_spare(worker, new_id, restart):
+            return
+        self._emit(
+            "replacing", f"starting replacement {new_id} for {worker.member_id} {restart}", new_id
+        )
+        self._spawn(worker.slot, new_id, replacement=True)
 
     def _promote_spare(self, dead: WorkerProcess, new_id: str, restart: str) -> bool:
         """Hand ``new_id`` to a warm spare in ``dead``'s slot; False: none at hand."""
         pool = self.spare_pool
-        if pool is None or self._store_lost:
+        if pool is None or not self._store_up() or self.link is None:
             return False
         try:
-            spare = pool.promote(new_id)
+            spare = pool.take_over(dead, new_id, restart)
         except Exception as exc:  # noqa: BLE001 - a store failure: start a cold one
-            self._lost_store(exc)
+            self.link.failed(exc)
             return False
-        if spare is None:
-            return False
-        state = "" if pool.is_ready(spare) else " (still starting)"
-        self.workers[dead.slot] = replace(spare, slot=dead.slot, member_id=new_id, replacement=True)
-        self._emit(
-            "replacing",
-            f"replacing {dead.member_id} with warm spare {spare.member_id}{state} as {new_id} "
-            f"{restart}",
-            new_id,
-        )
-        return True
+        if spare is not None:
+            self.workers[dead.slot] = spare
+        return spare is not None
 
     def _job_finished(self) -> bool:
-        if self.store is None or self._store_lost:
+        if not self._store_up() or self.link is None:
             return False
-        try:
-            return bool(self.store.check([FINISHED_KEY]))
-        except Exception as exc:  # noqa: BLE001
-            self._lost_store(exc)
-            return False
+        return self.link.call(lambda store: bool(store.check([FINISHED_KEY])), False)
 
     def run(self, poll_interval: timedelta = timedelta(milliseconds=100)) -> int:
         """Start (if needed) and supervise until every worker exited; returns the exit code.
@@ -424,7 +521,7 @@ class Agent:
         return self.exit_code()
 
     def exit_code(self) -> int:
-        return job_exit_code(self.exits)
+        return job_exit_code(self.exits, job_finished=self._finished_elsewhere)
 
     def signal_worker(self, slot: int, sig: signal.Signals) -> int:
         """Send ``sig`` to the worker in ``slot`` (fault injection); returns its pid."""
@@ -470,27 +567,21 @@ class Agent:
         self._detached = True
         store, self.store = self.store, None
         cfg = self.config
-        if store is None or self._store_lost or cfg.node_count < 2:
+        link = self.link
+        if link is not None:
+            link.close()
+        if store is None or link is None or not link.up or cfg.node_count < 2:
             return
-        if self._hosting:
-            others = [r for r in range(cfg.node_count) if r != cfg.node_rank]
-            self._emit(
-                "detach",
-                f"keeping the store until the agents of nodes {others} have left "
-                f"(or been silent for {cfg.detach_timeout})",
-            )
-            silent = await_goodbyes(store, others, silence=cfg.detach_timeout)
-            if silent:
-                self._emit(
-                    "detach",
-                    f"closing the store without a goodbye from nodes {silent}: "
-                    f"no sign of life for {cfg.detach_timeout}",
-                )
-        else:
-            try:
-                say_goodbye(store, cfg.node_rank)
-            except Exception as exc:  # noqa: BLE001 - the host may be gone already
-                self._lost_store(exc)
+        leave_store(
+            store,
+            hosting=self._hosting,
+            node_rank=cfg.node_rank,
+            node_count=cfg.node_count,
+            silence=cfg.detach_timeout,
+            seen=self._sightings,
+            emit=lambda message: self._emit("detach", message),
+            call=lambda fn: link.call(fn, None),
+        )
         # Dropping the last reference here disconnects the client, or closes the server.
 
     def close(self) -> None:
@@ -507,7 +598,3 @@ class Agent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _print_event(event: AgentEvent) -> None:
-    print(f"torchnext run [{event.time_s:7.2f}s] {event.message}", file=sys.stderr, flush=True)

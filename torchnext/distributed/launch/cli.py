@@ -4,6 +4,7 @@ Single machine::
 
     torchnext run --nproc 4 --max-restarts 3 train.py --lr 0.1
     torchnext run --nproc 4 --spares 1 train.py     # a warm spare replaces a dead worker
+    torchnext run --nproc 4 --group-size 2 train.py # 2 replica groups of 2 (HSDP)
 
 A warm spare runs the script up to ``Manager.from_env`` and waits there: code before
 that line runs in the spare too (see ``torchnext.distributed.is_spare``).
@@ -59,6 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, required=True, help="workers to start on this node")
     parser.add_argument(
         "--max-restarts", type=int, default=3, help="replacements allowed in all (default 3)"
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=1,
+        metavar="G",
+        help="processes per replica group (HSDP: the model is sharded G ways inside a "
+        "group); a group is restarted whole when one of its processes dies; must divide "
+        "--nproc (default 1: every process is a replica)",
     )
     parser.add_argument(
         "--spares",
@@ -181,7 +191,7 @@ def _refuse_finished_namespace(addr: str, timeout: timedelta) -> str | None:
 def main(args: argparse.Namespace) -> int:
     from torchnext._env import TORCHNEXT_STORE_TIMEOUT
     from torchnext.distributed.launch.agent import Agent, AgentConfig
-    from torchnext.errors import StoreUnreachableError
+    from torchnext.errors import AgentConflictError, StoreUnreachableError
 
     problem = _store_url(args) or _from_torchrun(args)
     if problem is not None:
@@ -191,6 +201,7 @@ def main(args: argparse.Namespace) -> int:
         config = AgentConfig(
             nproc=args.nproc,
             max_restarts=args.max_restarts,
+            group_size=args.group_size,
             spares=args.spares,
             store_host=args.store_host,
             store_port=args.store_port,
@@ -224,7 +235,7 @@ def main(args: argparse.Namespace) -> int:
                 return 2
             print(f"torchnext run: store on etcd at {args.store_addr}", file=sys.stderr)
         agent.start()
-    except StoreUnreachableError as exc:
+    except (StoreUnreachableError, AgentConflictError) as exc:
         print(f"torchnext run: {exc}", file=sys.stderr)
         agent.close()
         return 2

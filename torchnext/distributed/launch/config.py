@@ -11,6 +11,7 @@ found when the agent starts.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,8 +19,9 @@ from typing import Literal
 
 from torchnext.distributed.launch.etcd_client import is_etcd_url, parse_etcd_url
 from torchnext.distributed.launch.exits import WorkerExit
+from torchnext.distributed.launch.replica_slots import check_group_size
 
-__all__ = ["AgentConfig", "AgentEvent", "EventKind"]
+__all__ = ["AgentConfig", "AgentEvent", "EventKind", "print_event"]
 
 
 EventKind = Literal[
@@ -45,7 +47,12 @@ class AgentConfig:
     nproc: int
     """Workers this agent starts (and keeps alive)."""
     max_restarts: int = 3
-    """Replacements this agent may start in all, over the whole run."""
+    """Replacements this agent may start in all, over the whole run (a restarted replica
+    group counts once)."""
+    group_size: int = 1
+    """Processes per replica group (``--group-size``, HSDP): slots ``k*G .. k*G+G-1``
+    form group ``k``, which is stopped and restarted whole when one of them exits
+    (:mod:`~torchnext.distributed.launch.replica_slots`). 1: every process is a replica."""
     spares: int = 0
     """Warm spares to keep started (script run up to ``Manager.from_env``); a dead worker
     is replaced by one of them, within a second, instead of a cold process. 0: none.
@@ -75,7 +82,14 @@ class AgentConfig:
     log_dir: str = ""
     """Folder for per-worker stdout/stderr logs; empty means workers inherit ours."""
     store_timeout: timedelta = timedelta(seconds=30)
-    """Bound on connecting to the store."""
+    """Bound on connecting to the store; a store silent for longer is reported as lost."""
+    store_call_timeout: timedelta = timedelta(seconds=2)
+    """Bound on each of the agent's own store calls (eviction and finish checks, its
+    liveness counter): one past it pauses those checks until the store answers again,
+    never the agent's supervision of its workers."""
+    evict_grace: timedelta = timedelta(seconds=10)
+    """How long a worker the group evicted may take to exit by itself (it learns of its
+    eviction from its group) before the agent kills it; a stopped one is killed at once."""
     term_grace: timedelta = timedelta(seconds=5)
     """Between SIGTERM and SIGKILL when stopping workers."""
     finish_grace: timedelta = timedelta(seconds=10)
@@ -91,6 +105,12 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.nproc <= 0:
             raise ValueError(f"AgentConfig.nproc={self.nproc} must be positive (workers to start).")
+        check_group_size(self.group_size, self.nproc)
+        if self.group_size > 1 and self.spares:
+            raise ValueError(
+                f"AgentConfig.spares={self.spares} with group_size={self.group_size}: warm "
+                "spares replace single processes, not replica groups; give --spares 0."
+            )
         if self.max_restarts < 0:
             raise ValueError(f"AgentConfig.max_restarts={self.max_restarts} must be >= 0.")
         if self.spares < 0:
@@ -126,6 +146,12 @@ class AgentConfig:
                 f"AgentConfig.node_rank={self.node_rank} must be below the job's "
                 f"{self.node_count} agent(s); pass nnodes (and store_addr) for a multi-node job."
             )
+        for name in ("store_timeout", "store_call_timeout", "evict_grace"):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta) or value <= timedelta(0):
+                raise ValueError(
+                    f"AgentConfig.{name}={value!r}: pass a positive datetime.timedelta."
+                )
         if self.detach_timeout < timedelta(0):
             raise ValueError(f"AgentConfig.detach_timeout={self.detach_timeout} must be >= 0.")
 
@@ -149,3 +175,8 @@ class AgentEvent:
     """Seconds since the agent started."""
     member_id: str = ""
     exit: WorkerExit | None = None
+
+
+def print_event(event: AgentEvent) -> None:
+    """``torchnext run``'s line for ``event`` (the agent's default ``on_event``)."""
+    print(f"torchnext run [{event.time_s:7.2f}s] {event.message}", file=sys.stderr, flush=True)

@@ -21,8 +21,9 @@ package).
 Keys live under ``/<namespace>/k/`` (the URL's path; ``torchnext`` when none): give each
 job its own (a scheduler's job id), since a new job must not see an old one's keys.
 
-Leases: the group's heartbeats stay counters that each member bumps with ``add`` and
-that peers judge by *change* in their own monotonic clock. An etcd lease is judged by
+Leases: the group's heartbeats stay values that each member rewrites (its own key,
+with :meth:`EtcdStore.set_and_read`, which reads its peers' in the same transaction)
+and that peers judge by *change* in their own monotonic clock. An etcd lease is judged by
 the leader's clock with a granularity of its TTL, and a key that vanishes on expiry
 would make a peer's ``multi_get`` of it block instead of showing silence, so leases do
 not carry liveness here. They carry this client's bookkeeping: each ``add`` applies
@@ -30,6 +31,11 @@ only on the key's revision it read, and also writes its sequence number and resu
 under a per-thread key attached to a lease of this client, which a failed attempt reads
 back; so an increment whose answer was lost (the member died mid-request) is recognised
 and never applied twice, and those keys vanish with the process that wrote them.
+
+The fast paths the group uses: ``set_and_read`` (a heartbeat: one transaction that
+writes this member's key and reads every peer's, the revoke keys and the latest epoch),
+``read_many`` (an agreement's poll of every ack), ``wait_for_value`` (a watch in short
+slices) and ``delete_prefix``; each is one request where a ``TCPStore`` needs several.
 
 What not to assume: each call is one or two HTTP round trips to a member (about a
 millisecond on a LAN, more on a loaded machine), slower than a ``TCPStore``; values
@@ -205,6 +211,45 @@ class EtcdStore(dist.Store):  # type: ignore[misc]
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         self._wait_values(list(keys), Deadline(timeout or self.timeout), "wait", fetch=False)
 
+    def set_and_read(self, key: str, value: str | bytes, keys: list[str]) -> list[bytes | None]:
+        """``set(key, value)``, then the values of ``keys`` (None: missing), in one
+        transaction when they fit in one (a heartbeat, a commit vote)."""
+        what = f"set_and_read({key!r})"
+        if len(keys) >= _TXN_CHUNK:
+            self.set(key, value)
+            return self._read(list(keys), Deadline(self.timeout), what)[0]
+        ops: list[dict[str, Any]] = [
+            {"request_put": {"key": b64(self._k(key)), "value": b64(_bytes(value))}}
+        ]
+        ops += [{"request_range": {"key": b64(self._k(k))}} for k in keys]
+        answer = self._call("/v3/kv/txn", {"success": ops}, Deadline(self.timeout), what)
+        values: list[bytes | None] = []
+        for response in answer.get("responses", [])[1:]:
+            kvs = response["response_range"].get("kvs", [])
+            values.append(unb64(kvs[0].get("value", "")) if kvs else None)
+        return values
+
+    def read_many(self, keys: list[str]) -> list[bytes | None]:
+        """The values of ``keys`` (None: missing), without waiting, in one request per 64
+        keys (an agreement's poll of every member's ack)."""
+        return self._read(list(keys), Deadline(self.timeout), f"read_many({len(keys)} keys)")[0]
+
+    def wait_for_value(self, key: str, wait: timedelta) -> bytes | None:
+        """``key``'s value, waiting up to ``wait`` for it to be set; None if it was not.
+
+        Unlike a timed :meth:`wait`, a short ``wait`` is not a short bound on the
+        requests (each keeps the store's timeout), so a slow answer is never mistaken
+        for an absent key: callers wait in short slices and look at other conditions
+        between them (the commit vote does).
+        """
+        what = f"wait_for_value({key!r})"
+        (value,), revision = self._read([key], Deadline(self.timeout), what)
+        if value is None and self._client.watch_put(
+            self._k(key), revision + 1, wait.total_seconds()
+        ):
+            (value,), _ = self._read([key], Deadline(self.timeout), what)
+        return value
+
     def check(self, keys: list[str]) -> bool:
         deadline = Deadline(self.timeout)
         return all(v is not None for v in self._read(list(keys), deadline, "check")[0])
@@ -303,6 +348,19 @@ class EtcdStore(dist.Store):  # type: ignore[misc]
             "/v3/kv/deleterange", {"key": b64(k)}, Deadline(self.timeout), f"delete_key({key!r})"
         )
         return int(answer.get("deleted", 0)) > 0
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key that starts with ``prefix`` in one request; the number deleted."""
+        k = self._k(prefix)
+        with self._lock:
+            for known in [key for key in self._known if key.startswith(k)]:
+                del self._known[known]
+        end = k[:-1] + bytes([k[-1] + 1])
+        body = {"key": b64(k), "range_end": b64(end)}
+        answer = self._call(
+            "/v3/kv/deleterange", body, Deadline(self.timeout), f"delete_prefix({prefix!r})"
+        )
+        return int(answer.get("deleted", 0))
 
     def num_keys(self) -> int:
         answer = self._range(self._keys, Deadline(self.timeout), what="num_keys", count_only=True)

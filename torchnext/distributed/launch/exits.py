@@ -1,7 +1,9 @@
 """How the agent classifies and reports the exit of a worker process.
 
 Each exit gets one kind: *finished* (code 0); *crashed* (killed by a signal) or
-*evicted* (code :data:`EXIT_EVICTED`), both worth a replacement; *raised* (the worker
+*evicted* (code :data:`EXIT_EVICTED`), both worth a replacement; *store_lost* (code
+:data:`EXIT_STORE_LOST`: the job's store stopped answering), replaced once the agent
+reaches the store again; *raised* (the worker
 left the traceback of an uncaught exception: a bug, never restarted); *terminated*
 (stopped by the agent); *failed* (any other code). A raised exit is reported with the
 user's traceback, once: a worker that wrote the traceback for the agent does not
@@ -18,6 +20,7 @@ from typing import Literal
 
 __all__ = [
     "EXIT_EVICTED",
+    "EXIT_STORE_LOST",
     "ExitKind",
     "WorkerExit",
     "classify_exit",
@@ -28,7 +31,11 @@ __all__ = [
 EXIT_EVICTED = 75
 """Exit code of a worker that found itself fenced out of the group (replace it)."""
 
-ExitKind = Literal["finished", "crashed", "evicted", "raised", "failed", "terminated"]
+EXIT_STORE_LOST = 76
+"""Exit code of a worker whose store did not answer for the store timeout
+(:class:`~torchnext.errors.StoreLostError`): its host is down, or this one cut off."""
+
+ExitKind = Literal["finished", "crashed", "evicted", "store_lost", "raised", "failed", "terminated"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +62,9 @@ class WorkerExit:
                 name = f"signal {-self.returncode}"
             how = f"killed by {name}"
         elif self.kind == "evicted":
-            how = "was evicted by the group (it hung) and exited"
+            how = "was evicted by the group (it hung or was cut off) and exited"
+        elif self.kind == "store_lost":
+            how = "lost the job's store (no answer for the store timeout) and exited"
         elif self.kind == "terminated":
             how = "was stopped by the agent"
         elif self.kind == "raised":
@@ -78,6 +87,8 @@ def classify_exit(returncode: int, *, raised: bool, stopping: bool) -> ExitKind:
         return "crashed"
     if returncode == EXIT_EVICTED:
         return "evicted"
+    if returncode == EXIT_STORE_LOST:
+        return "store_lost"
     return "failed"
 
 
@@ -96,9 +107,10 @@ def exit_message(info: WorkerExit, shown: dict[str, str]) -> str:
     return message + f"; the same traceback as {first}'s, shown above"
 
 
-def job_exit_code(exits: Iterable[WorkerExit]) -> int:
-    """0 when the job finished (a worker finished and none raised), 1 otherwise."""
+def job_exit_code(exits: Iterable[WorkerExit], *, job_finished: bool = False) -> int:
+    """0 when the job finished (a worker finished, here or, with ``job_finished``, on
+    another node) and none raised here; 1 otherwise."""
     kinds = [e.kind for e in exits]
-    if "raised" in kinds or "finished" not in kinds:
+    if "raised" in kinds or ("finished" not in kinds and not job_finished):
         return 1
     return 0

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 __all__ = [
     "AGENT_ALIVE_KEY_PREFIX",
+    "AGENT_CLAIM_KEY_PREFIX",
     "AGENT_DETACHED_KEY_PREFIX",
     "EVENT_COUNT_KEY",
     "EVENT_KEY_PREFIX",
     "EVICTED_KEY_PREFIX",
     "FINISHED_KEY",
+    "JOB_SHAPE_KEY",
     "SPARE_KEY_PREFIX",
 ]
 
@@ -32,6 +34,14 @@ FINISHED_KEY = "torchnext/job/finished"
 
 AGENT_ALIVE_KEY_PREFIX = "torchnext/agent/alive/"
 """Prefix of each non-hosting agent's liveness counter (suffix: its node rank)."""
+
+AGENT_CLAIM_KEY_PREFIX = "torchnext/agent/claim/"
+"""Prefix of the claim an agent makes on its node rank when it starts (suffix: the node
+rank; value: JSON naming its host and pid): two agents with one rank are refused."""
+
+JOB_SHAPE_KEY = "torchnext/agent/shape"
+"""The job's shape (JSON: nodes, workers per node, world size) as the first agent set it;
+every later agent must run the same."""
 
 AGENT_DETACHED_KEY_PREFIX = "torchnext/agent/detached/"
 """Prefix an agent sets when it is done with the store (suffix: its node rank)."""

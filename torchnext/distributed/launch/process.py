@@ -33,7 +33,13 @@ from torchnext._env import (
 )
 from torchnext.distributed.launch.torchrun import PER_PROCESS_VARIABLES
 
-__all__ = ["WorkerProcess", "collect_traceback", "signal_process", "start_worker"]
+__all__ = [
+    "WorkerProcess",
+    "collect_traceback",
+    "is_stopped",
+    "signal_process",
+    "start_worker",
+]
 
 
 @dataclass
@@ -122,3 +128,15 @@ def signal_process(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.kill(proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def is_stopped(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether ``proc`` is stopped (SIGSTOP, a debugger): it cannot act until continued."""
+    try:
+        with open(f"/proc/{proc.pid}/stat") as fh:
+            raw = fh.read()
+    except OSError:
+        return False
+    # The command name may hold spaces and parentheses; the state follows the last ')'.
+    fields = raw.rsplit(")", 1)[-1].split()
+    return bool(fields) and fields[0] in ("T", "t")

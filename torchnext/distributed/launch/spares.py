@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -228,6 +229,17 @@ class SparePool:
         self.spares.remove(spare)
         self._refill_at = time.monotonic() + self._refill_delay.total_seconds()
         return spare
+
+    def take_over(self, dead: WorkerProcess, member_id: str, note: str) -> WorkerProcess | None:
+        """:meth:`promote` a spare to ``member_id`` in ``dead``'s slot and report it; the
+        spare's record as a worker, or None if none is at hand."""
+        spare = self.promote(member_id)
+        if spare is None:
+            return None
+        state = "" if self.is_ready(spare) else " (still starting)"
+        message = f"replacing {dead.member_id} with warm spare {spare.member_id}{state} as "
+        self._emit("replacing", f"{message}{member_id} {note}", member_id, None)
+        return replace(spare, slot=dead.slot, member_id=member_id, replacement=True)
 
     def is_ready(self, spare: WorkerProcess) -> bool:
         """Whether ``spare`` was waiting in ``Manager.from_env`` at the last :meth:`poll`."""

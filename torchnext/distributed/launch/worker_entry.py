@@ -7,6 +7,13 @@ traceback is the one Python would print for the script run directly: it starts a
 user's script, without this file's and ``runpy``'s frames, and it is printed once, by
 the agent (here only when there is no file to write it to).
 
+Two exceptions are not bugs, and leave with an exit code instead of a traceback: a
+worker that its group fenced out (a :class:`~torchnext.errors.StaleEpochError`, or any
+exception once one of its groups was evicted: it hung, or its host was cut off and came
+back) exits with ``EXIT_EVICTED`` and is replaced; one whose store stopped answering (a
+:class:`~torchnext.errors.StoreLostError`) says so in one line and exits with
+``EXIT_STORE_LOST``.
+
 At exit, after the script's own exit handlers, every fault-tolerant group the script
 left open is shut down: a group's monitor thread is a daemon that talks to the store,
 and one caught inside a store call when the interpreter finalizes aborts the process
@@ -57,9 +64,34 @@ def main(argv: list[str]) -> int:
     except SystemExit:
         raise
     except BaseException as exc:
+        code = _not_a_bug(exc)
+        if code is not None:
+            return code
         _report(exc)
         return 1
     return 0
+
+
+def _not_a_bug(exc: BaseException) -> int | None:
+    """The exit code of an eviction or a lost store (said in one line), else None."""
+    errors = sys.modules.get("torchnext.errors")
+    if errors is None or isinstance(exc, KeyboardInterrupt):
+        return None
+    from torchnext.distributed.launch.exits import EXIT_EVICTED, EXIT_STORE_LOST
+
+    seen: list[BaseException] = [exc]
+    module = sys.modules.get("torchnext.distributed.group.fault_tolerant_group")
+    if module is not None:
+        seen += [e for e in (g.errored() for g in module.live_groups()) if e is not None]
+    for error in seen:
+        if isinstance(error, errors.StoreLostError):
+            print(f"worker: the job's store is lost: {error}", file=sys.stderr, flush=True)
+            return EXIT_STORE_LOST
+    for error in seen:
+        if isinstance(error, errors.StaleEpochError):
+            print(f"worker: evicted by the group, exiting: {error}", file=sys.stderr, flush=True)
+            return EXIT_EVICTED
+    return None
 
 
 def _shut_down_groups() -> None:
