@@ -38,6 +38,8 @@ __all__ = [
     "CheckpointMismatchError",
     "LaunchEnvironmentError",
     "AgentConflictError",
+    "ReplicaLayoutError",
+    "ReplicaIncompleteError",
     "OptimizerStepError",
     "WindowError",
     "WindowRevokedError",
@@ -199,6 +201,18 @@ class LaunchEnvironmentError(TorchnextError, ValueError):
 class AgentConflictError(TorchnextError, ValueError):
     """The agents of one job disagree: two claim the same node rank, or they were started
     with different job shapes (``--nnodes``, ``--nproc``)."""
+
+
+class ReplicaLayoutError(TorchnextError, ValueError):
+    """Replica groups (HSDP) are shaped wrong: a group size below 1, a world size not a
+    multiple of it, groups of different sizes, or a model sharded differently in
+    different groups (raised before any training step)."""
+
+
+class ReplicaIncompleteError(StaleEpochError):
+    """This process's replica group lost a process (or was left out as incomplete): the
+    job goes on without the whole group; exit with ``EXIT_EVICTED`` so the launcher
+    restarts the group."""
 
 
 class OptimizerStepError(TorchnextError, RuntimeError):

@@ -121,13 +121,17 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
         opt,
         sampler,
         config=ManagerConfig(
-            check_replicas=True, step_timeout=timedelta(seconds=20), bucket_cap_bytes=512
+            check_replicas=cfg.get("check_replicas", True),
+            step_timeout=timedelta(seconds=20),
+            bucket_cap_bytes=512,
         ),
         joining=joining,
         on_event=on_event,
         state=state,
         optimizer_step=optimizer_step if cfg.get("clip") else None,
     )
+    if ctx.rank == cfg.get("lost_vote_rank", -1):
+        _lose_the_vote_at(manager, step=cfg["lost_vote_step"])
     reduction = cfg.get("loss_reduction", "sum")
     while manager.step < cfg["steps"]:
         ctx.checkpoint(f"step:{manager.step}")
@@ -182,6 +186,25 @@ def _train(ctx: WorkerContext, cfg: dict[str, Any]) -> dict[str, Any]:
     }
     group.shutdown()
     return out
+
+
+def _lose_the_vote_at(manager: Any, *, step: int) -> None:
+    """Make this member's last all-reduce of ``step`` (the loss's: the collective vote)
+    complete, then fail: the others commit the step and this member does not."""
+    from torchnext.errors import CommError
+
+    group, real = manager.group, manager.group.all_reduce
+    fired = []
+
+    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = real(tensor, *args, **kwargs)
+        is_vote = tensor.dtype == torch.float64 and tensor.numel() == 2
+        if is_vote and manager.step == step and not fired:
+            fired.append(step)
+            raise CommError("injected: the vote's all-reduce completed, then this member failed")
+        return out
+
+    group.all_reduce = all_reduce
 
 
 def _check(
@@ -255,6 +278,19 @@ def test_kill_during_forward_is_redone_on_survivors() -> None:
         timings = v["timings"]
         assert timings[6][3] > 0 and all(timings[s][3] == 0 for s in (2, 3, 4, 5)), timings
         assert all(t[0] > 0 and t[1] >= 0 and t[2] > 0 for t in timings.values()), timings
+
+
+def test_a_member_left_behind_by_the_collective_vote_heals_from_one_ahead() -> None:
+    # Member 1's vote (the loss all-reduce) of step 4 completes everywhere but fails on
+    # member 1 afterwards: members 0 and 2 commit step 4, member 1 aborts it. At the
+    # next agreement member 1 is one step behind and heals from a member ahead.
+    result = _run(3, 10, [], check_replicas=False, lost_vote_rank=1, lost_vote_step=4)
+    result.raise_if_failed()
+    values = result.values()
+    _check(values, 10)
+    assert [v["healed"] for v in values] == [0, 1, 0], [v["healed"] for v in values]
+    assert values[1]["redone"] == 1 and all(v["world"] == 3 for v in values)
+    assert 5 not in values[1]["crcs"] and 5 in values[0]["crcs"]
 
 
 def test_registered_lr_scheduler_heals_into_the_replacement() -> None:

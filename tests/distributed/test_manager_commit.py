@@ -33,6 +33,7 @@ def _vote_all(
         out[i] = vote.decide(
             epoch=3,
             step=7,
+            rank=i,
             size=len(oks),
             ok=ok,
             timeout=timedelta(seconds=5),
@@ -76,6 +77,7 @@ def test_bound_runs_out_without_failure_signal() -> None:
     d = vote.decide(
         epoch=0,
         step=0,
+        rank=0,
         size=2,
         ok=True,
         timeout=timedelta(milliseconds=100),
@@ -87,6 +89,7 @@ def test_bound_runs_out_without_failure_signal() -> None:
     late = CommitVote(_client(master)).decide(
         epoch=0,
         step=0,
+        rank=1,
         size=2,
         ok=True,
         timeout=timedelta(seconds=1),

@@ -8,7 +8,9 @@ checks the replicas before each commit (:mod:`.replica_check`) and splits the da
 whoever is alive (:class:`ElasticSampler`, :mod:`.sampler`). :func:`save_checkpoint` and
 :func:`load_checkpoint` carry all of it across a full job restart (:mod:`.checkpoint`).
 :class:`FaultTolerantDDP` puts a DDP-shaped loop on the manager (:mod:`.ddp`);
-:class:`DiLoCo` runs DiLoCo or LocalSGD rounds on it (:mod:`.semisync`).
+:class:`DiLoCo` runs DiLoCo, streaming DiLoCo or LocalSGD rounds on it (:mod:`.semisync`,
+:mod:`.semisync_fragments`). :class:`ReplicaGroup` makes a replica a group of processes
+sharding the model with FSDP2 (fault-tolerant HSDP, :mod:`.hsdp`).
 
 What not to assume: names are loaded on first use; importing
 :class:`~torchnext.distributed.FaultTolerantGroup` alone never loads this package.
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
         ManagerEvent,
         StepResult,
     )
+    from torchnext.distributed.training.replica_groups import ReplicaGroup, ReplicaGroupConfig
     from torchnext.distributed.training.sampler import ElasticSampler, SamplerConfig
     from torchnext.distributed.training.semisync import DiLoCo, SyncConfig
     from torchnext.distributed.training.state import Stateful, TrainingState
@@ -46,6 +49,8 @@ __all__ = [
     "Manager",
     "ManagerConfig",
     "ManagerEvent",
+    "ReplicaGroup",
+    "ReplicaGroupConfig",
     "SamplerConfig",
     "Stateful",
     "StepResult",
@@ -70,6 +75,8 @@ __getattr__, __dir__ = lazy_exports(
         "ElasticSampler": "sampler",
         "SamplerConfig": "sampler",
         "FaultTolerantDDP": "ddp",
+        "ReplicaGroup": "replica_groups",
+        "ReplicaGroupConfig": "replica_groups",
         "DiLoCo": "semisync",
         "SyncConfig": "semisync",
         "export_checkpoint": "checkpoint",

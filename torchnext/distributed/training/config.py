@@ -36,6 +36,17 @@ class ManagerConfig:
     (model, optimizer, sampler, registered state) across members (one pass over the
     state and one small collective); a difference raises
     :class:`~torchnext.errors.ReplicaDivergenceError` naming the entry, uncommitted."""
+    commit_vote: str = "collective"
+    """How members agree that a step counts. ``"collective"``: the step's last
+    all-reduce (the loss's) is the vote: a member whose all-reduce completed knows every
+    member finished the step and commits it, with no store round trip on the step's
+    path; a failure inside that all-reduce can leave survivors one step apart, and the
+    next membership agreement heals the ones behind from the ones ahead. ``"store"``:
+    every member votes through the store and all adopt one outcome (a few store round
+    trips a step; with a remote or replicated store, such as etcd, they show in the
+    step time). ``check_replicas`` always votes through the store: its check runs after
+    the all-reduce, and so do replica groups (HSDP), whose processes of one group must
+    never be a step apart: a shard has no other source to heal from."""
     heal_host: str = ""
     """Interface the healing server binds; empty means the one that reaches the store."""
     max_recoveries: int = 1000
@@ -52,6 +63,11 @@ class ManagerConfig:
         if self.bucket_cap_bytes <= 0:
             raise ValueError(
                 f"ManagerConfig.bucket_cap_bytes={self.bucket_cap_bytes} must be positive."
+            )
+        if self.commit_vote not in ("collective", "store"):
+            raise ValueError(
+                f"ManagerConfig.commit_vote={self.commit_vote!r}: give 'collective' (the "
+                "default: no store round trip a step) or 'store'."
             )
         if self.max_recoveries < 1:
             raise ValueError(f"ManagerConfig.max_recoveries={self.max_recoveries} must be >= 1.")

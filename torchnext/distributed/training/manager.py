@@ -1,7 +1,9 @@
 """Fault-tolerant data-parallel training that heals in place: the training :class:`Manager`.
 
 Use it when a training job must keep going while members die and take replacements
-back without a restart. Each member (one process) holds a full replica of the model;
+back without a restart. Each member (one process) holds a full replica of the model
+(with ``from_env(..., replica=ReplicaGroup.from_env())`` a replica is instead a group of
+processes sharding it with FSDP2, and the replica shape is a :mod:`.layout`: :mod:`.hsdp`);
 the manager wraps a :class:`~torchnext.distributed.FaultTolerantGroup`, the model, the
 optimizer and an :class:`~torchnext.distributed.sampler.ElasticSampler`, and runs every
 step as a small replicated state machine (learned from torchft's Manager, but with a
@@ -25,12 +27,18 @@ Per step:
    on and wait at most for that transfer, in the step's first collective.
 2. Forward and backward on this member's share of the step's global batch; gradients
    are summed in buckets whose all-reduce starts during backward (:mod:`.bucketing`).
-3. *Commit*: every member votes through the store (:mod:`.commit`); the step is applied
-   (optimizer step, data cursor advanced, ``step += 1``) only if every member of the
-   membership finished it. Otherwise every survivor discards it, rolls its random
-   number generators back to the step's start, and redoes it on the new membership
-   with the same global batch, so replicas never diverge and the trajectory (dropout
-   included) equals a failure-free run's up to floating-point summation order. With
+3. *Commit*: the step is applied (optimizer step, data cursor advanced, ``step += 1``)
+   only if every member of the membership finished it. The step's last all-reduce (of
+   the loss) is the vote: a member whose all-reduce completed knows that every member
+   finished backward, and commits, with no store round trip on the step's path
+   (``ManagerConfig.commit_vote="store"`` votes through the store instead:
+   :mod:`.commit`). A member whose all-reduce failed discards the step, rolls its
+   random number generators back to the step's start, and redoes it on the new
+   membership with the same global batch; a survivor that committed the step while
+   another did not (a failure inside that last all-reduce) is ahead by one step at the
+   next agreement, which heals the ones behind from it. So replicas never diverge and
+   the trajectory (dropout included) equals a failure-free run's up to floating-point
+   summation order. With
    ``ManagerConfig.check_replicas`` the replicated state is compared before the vote
    and a difference stops the job with :class:`~torchnext.errors.ReplicaDivergenceError`
    naming the entry (:mod:`.replica_check`).
@@ -51,27 +59,22 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from torchnext.distributed.group.fault_tolerant_group import FaultTolerantGroup
 from torchnext.distributed.launch.keys import FINISHED_KEY
-from torchnext.distributed.training.bucketing import GradBucketer
 from torchnext.distributed.training.commit import CommitVote, Decision
 from torchnext.distributed.training.config import ManagerConfig, ManagerEvent, StepResult
 from torchnext.distributed.training.events import EventReporter
 from torchnext.distributed.training.heal_exchange import HealExchange
-from torchnext.distributed.training.healing import (
-    TransferStats,
-    describe_tensors,
-    rng_state,
-    set_rng_state,
-)
+from torchnext.distributed.training.healing import TransferStats, rng_state, set_rng_state
+from torchnext.distributed.training.layout import DDPLayout, ReplicaLayout
 from torchnext.distributed.training.loader import LoaderFeed
 from torchnext.distributed.training.membership_change import admit_joiners, shrink_to_survivors
-from torchnext.distributed.training.replica_check import check_replicas, check_same_entries
+from torchnext.distributed.training.replica_check import check_replicas
 from torchnext.distributed.training.sampler import ElasticSampler
 from torchnext.distributed.training.state import Stateful, TrainingState, fingerprint
 from torchnext.distributed.training.step import check_step_args, compute
@@ -82,8 +85,12 @@ from torchnext.errors import (
     OptimizerStepError,
     ReplicaDivergenceError,
     StaleEpochError,
+    StoreLostError,
     TrainingStateError,
 )
+
+if TYPE_CHECKING:
+    from torchnext.distributed.training.replica_groups import ReplicaGroup
 
 __all__ = ["ManagerConfig", "ManagerEvent", "StepResult", "Manager"]
 
@@ -103,6 +110,7 @@ class Manager:
         on_event: Callable[[ManagerEvent], None] | None = None,
         state: Mapping[str, Stateful] | None = None,
         optimizer_step: Callable[[], object] | None = None,
+        layout: ReplicaLayout | None = None,
     ) -> None:
         if optimizer_step is not None and not callable(optimizer_step):
             raise TypeError(
@@ -126,21 +134,21 @@ class Manager:
         self.replica_checks = 0
         self.heal_stats: list[TransferStats] = []
         self._vote = CommitVote(group.store)
-        self._bucketer = GradBucketer(
-            list(model.parameters()),
+        self.layout: ReplicaLayout = layout or DDPLayout()
+        """Replica shape: a member per replica (default) or replica groups (:mod:`.hsdp`)."""
+        self._bucketer = self.layout.gradient_reducer(
+            model,
             self._all_reduce_async,
             bucket_cap_bytes=self.config.bucket_cap_bytes,
             failed=lambda: self.group.is_revoked,
-            modules=model.modules(),
         )
         self._needs_recovery = ""
         self._needs_sync = True
-        self._first_sync = True
-        self._heals = HealExchange(
+        self.heals = HealExchange(
             group,
             heal_host=self.config.heal_host,
             timeout=self.config.heal_timeout,
-            emit=self._emit,
+            emit=self.emit_event,
         )
         self._events = EventReporter(group, on_event, publish_events=self.config.publish_events)
         self._compute_t0 = self._recovery_s = 0.0
@@ -177,6 +185,7 @@ class Manager:
         join_timeout: timedelta = timedelta(seconds=120),
         state: Mapping[str, Stateful] | None = None,
         optimizer_step: Callable[[], object] | None = None,
+        replica: ReplicaGroup | None = None,
     ) -> Manager:
         """Create or join the group the launcher described in the environment.
 
@@ -186,13 +195,18 @@ class Manager:
         agent gives it a dead worker's place, then joins as a replacement does
         (:mod:`~torchnext.distributed.launch.spares`). ``state`` registers more entries
         by name (see :meth:`register`); ``optimizer_step`` applies committed steps.
+        ``replica`` (a :class:`~.replica_groups.ReplicaGroup`, its model sharded over
+        ``replica.mesh``) makes this process one shard of a replica group (:mod:`.hsdp`).
         """
         from torchnext._env import TORCHNEXT_JOIN, TORCHNEXT_MEMBER_ID, TORCHNEXT_STORE_ADDR
         from torchnext.distributed.launch.spares import await_assignment
         from torchnext.distributed.launch.store import connect_store
+        from torchnext.distributed.training.hsdp import HSDPLayout
 
         store, member_id = await_assignment() or (None, TORCHNEXT_MEMBER_ID.get())
         joining = store is not None or bool(TORCHNEXT_JOIN.get())
+        # A replica group's process says which group it belongs to before it joins.
+        layout = None if replica is None else HSDPLayout(replica, member_id=member_id)
         if joining:
             if store is None:
                 store = connect_store(TORCHNEXT_STORE_ADDR.get(), timedelta(seconds=30))
@@ -209,6 +223,7 @@ class Manager:
             on_event=on_event,
             state=state,
             optimizer_step=optimizer_step,
+            layout=layout,
         )
 
     # ------------------------------------------------------------------ properties
@@ -227,7 +242,8 @@ class Manager:
 
     # ------------------------------------------------------------------ events
 
-    def _emit(self, kind: str, **detail: Any) -> None:
+    def emit_event(self, kind: str, **detail: Any) -> None:
+        """Report a manager event (``on_event``, and the launcher's log when published)."""
         self._events.emit(kind, step=self.step, **detail)
 
     def _on_revoke(self, exc: BaseException) -> None:
@@ -255,10 +271,10 @@ class Manager:
                 if self._needs_recovery:
                     self._recover(self._needs_recovery)
                 if self._needs_sync:
-                    self._sync_and_heal()
+                    self.layout.sync_and_heal(self)
                     self._needs_sync = False
-            except StaleEpochError:
-                raise  # evicted: this process must exit and be replaced
+            except (StaleEpochError, StoreLostError):
+                raise  # evicted, or the store is gone: this process must exit
             except HealingRefusedError as exc:
                 if self.step < 0:
                     raise  # this joiner can never match the group: a bug, not a fault
@@ -272,7 +288,7 @@ class Manager:
         self._step_rng = rng_state()
         self._compute_t0 = time.monotonic()
         self._recovery_s = 0.0 if settled else self._compute_t0 - t0
-        return self.sampler.indices(self.rank, self.world_size)
+        return self.sampler.indices(*self.layout.data_position(self.group))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -309,9 +325,17 @@ class Manager:
         """
         t_reduce = time.monotonic()
         ok, reason = True, ""
-        loss_buf = torch.zeros(1, dtype=torch.float64)
+        # [loss, joiners seen]: with the collective vote this all-reduce is the vote.
+        loss_buf = torch.zeros(2, dtype=torch.float64)
         if loss is not None:
             loss_buf[0] = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        by_store = (
+            self.config.check_replicas
+            or self.config.commit_vote == "store"
+            or self.layout.atomic_commit
+        )
+        if not by_store:
+            loss_buf[1] = float(self._joiners_pending())
         try:
             self._bucketer.finish(self.config.step_timeout)
             self.group.all_reduce(loss_buf, timeout=self.config.step_timeout)
@@ -325,23 +349,29 @@ class Manager:
             ok, reason = self._check_replicas()
         t_vote = time.monotonic()
         epoch, size = int(self.group.epoch), self.world_size
-        decision = self._vote.decide(
-            epoch=epoch,
-            step=self.step,
-            size=size,
-            ok=ok,
-            timeout=self.config.step_timeout,
-            failed=self._failure_reason,
-            joiners_pending=self._joiners_pending,
-            local_reason=reason,
-        )
+        if not by_store:
+            # Every member entered the all-reduce only after its backward finished, so
+            # completing it means every member finished the step (see commit_vote).
+            decision = Decision(commit=ok, grow=ok and float(loss_buf[1]) > 0, reason=reason)
+        else:
+            decision = self._vote.decide(
+                epoch=epoch,
+                step=self.step,
+                rank=self.rank,
+                size=size,
+                ok=ok,
+                timeout=self.config.step_timeout,
+                failed=self._failure_reason,
+                joiners_pending=self._joiners_pending,
+                local_reason=reason,
+            )
         if not decision.commit:
             return self._abort(decision)
         self._apply(optimizer_step or self.optimizer_step)
         self.sampler.commit()
         self.step += 1
-        if self.step > 2:
-            self._vote.cleanup(epoch, self.step - 3)
+        if by_store and self.step > 2 and self.rank == 0:
+            self._vote.cleanup(epoch, self.step - 3, size)
         self._events.step_committed(step=self.step)
         t_done = time.monotonic()
         if decision.grow:
@@ -392,7 +422,8 @@ class Manager:
         feed = self._loader_feed(batches, micro_batches)
         while True:
             indices = self.start_step()
-            batch = feed.batch(self.rank, self.world_size, empty=not indices) if feed else None
+            where = self.layout.data_position(self.group)
+            batch = feed.batch(*where, empty=not indices) if feed else None
             loss = 0.0
             with self.interruptible():  # a failure noticed mid-step cuts its compute short
                 loss = compute(
@@ -435,7 +466,7 @@ class Manager:
 
     def _joiners_pending(self) -> bool:
         try:
-            return bool(self.group.pending_joiners())
+            return self.layout.joiners_ready(self.group)
         except Exception:  # noqa: BLE001 - a failed query only delays admitting joiners
             return False
 
@@ -446,7 +477,7 @@ class Manager:
             set_rng_state(self._step_rng)
         self.steps_redone += 1
         self._events.step_failed()
-        self._emit("step_aborted", reason=decision.reason)
+        self.emit_event("step_aborted", reason=decision.reason)
         self._needs_recovery = decision.reason or "step aborted"
         return StepResult(
             committed=False,
@@ -467,12 +498,12 @@ class Manager:
                 f"last reason: {reason}. Raise ManagerConfig.max_recoveries if this is expected."
             )
         timeout = self.config.recovery_timeout
-        shrink_to_survivors(self.group, reason=reason, timeout=timeout, emit=self._emit)
+        shrink_to_survivors(self.group, reason=reason, timeout=timeout, emit=self.emit_event)
         self._needs_recovery = ""
         self._needs_sync = True
 
     def _grow(self) -> None:
-        failure = admit_joiners(self.group, timeout=self.config.grow_timeout, emit=self._emit)
+        failure = admit_joiners(self.group, timeout=self.config.grow_timeout, emit=self.emit_event)
         if failure:
             self._needs_recovery = failure
         else:
@@ -498,63 +529,6 @@ class Manager:
         self.step = int(state["step"])
         self.steps_redone = int(state.get("steps_redone", 0))
 
-    def _sync_and_heal(self) -> None:
-        """Compare committed steps; members behind receive state from one that is not."""
-        size = self.world_size
-        mine = torch.tensor([self.step, self.training_state.spec_crc()], dtype=torch.int64)
-        gathered = torch.zeros(2 * size, dtype=torch.int64)
-        self.group.all_gather_into_tensor(gathered, mine, timeout=self.config.step_timeout)
-        step_of = gathered[0::2].tolist()
-        check_same_entries(
-            self.group,
-            self.training_state,
-            steps=step_of,
-            crcs=gathered[1::2].tolist(),
-            timeout=self.config.step_timeout,
-        )
-        best = max(step_of)
-        if best < 0:
-            raise CommError(
-                f"{self.member_id}: no member of epoch {self.group.epoch} has committed state to heal "
-                f"from (steps {step_of}); every original member is gone."
-            )
-        sources = [r for r, s in enumerate(step_of) if s == best]
-        if best == 0 and (self._first_sync or any(s < 0 for s in step_of)):
-            # Nothing trained yet: one broadcast of the first source's initial weights
-            # makes every replica (joiners included) start identical, whatever its seed.
-            for tensor in self.model.state_dict().values():
-                self.group.broadcast(tensor, src=sources[0], timeout=self.config.step_timeout)
-            self.step = 0
-            self._first_sync = False
-            return
-        self._first_sync = False
-        dests = [r for r, s in enumerate(step_of) if s != best]
-        if not dests:
-            return
-        plan = {d: sources[i % len(sources)] for i, d in enumerate(dests)}
-        members = tuple(self.group.members)
-        if self.rank in sources:
-            mine_dests = [members[d] for d, s in plan.items() if s == self.rank]
-            if mine_dests:
-                self._heals.serve(self.state_dict(), mine_dests, self.training_state.spec_problems)
-            return
-        source_id = members[plan[self.rank]]
-        t0 = time.monotonic()
-        state, stats = self._heals.fetch(
-            source_id,
-            model_spec=describe_tensors(self.model.state_dict()),
-            entries=self.training_state.spec(),
-        )
-        self.load_state_dict(state)
-        self.heal_stats.append(stats)
-        self._emit(
-            "healed",
-            source=source_id,
-            bytes=stats.total_bytes,
-            seconds=time.monotonic() - t0,
-            mb_per_s=stats.mb_per_s,
-        )
-
     # ------------------------------------------------------------------ checks
 
     def checksum(self) -> int:
@@ -574,7 +548,9 @@ class Manager:
         except ReplicaDivergenceError as exc:
             self.replica_mismatches += 1
             self._bucketer.abandon()
-            self._emit("replica_mismatch", entries=list(exc.entries), members=list(exc.members))
+            self.emit_event(
+                "replica_mismatch", entries=list(exc.entries), members=list(exc.members)
+            )
             raise
         self.replica_checks += 1
         return True, ""
@@ -587,10 +563,11 @@ class Manager:
             self.group.store.set(FINISHED_KEY, str(self.step))
         except Exception:  # noqa: BLE001
             pass
-        self._emit("finished", steps_redone=self.steps_redone, recoveries=self.recoveries)
+        self.emit_event("finished", steps_redone=self.steps_redone, recoveries=self.recoveries)
         self._bucketer.remove()
-        self._heals.close()
+        self.heals.close()
 
     def evicted(self, exc: BaseException) -> bool:
-        """Whether ``exc`` means the group moved on without this member (exit and be replaced)."""
-        return isinstance(exc, StaleEpochError)
+        """Whether ``exc`` (or what the group saw) means the group moved on without this
+        member: exit with ``EXIT_EVICTED`` and be replaced."""
+        return isinstance(exc, StaleEpochError) or isinstance(self.group.errored(), StaleEpochError)

@@ -1,4 +1,4 @@
-"""Semi-synchronous fault-tolerant training: DiLoCo and LocalSGD on the training manager.
+"""Semi-synchronous fault-tolerant training: DiLoCo, streaming DiLoCo and LocalSGD.
 
 Use it when the network, not compute, limits data-parallel training: each member takes
 ``sync_every`` (H) optimizer steps on its own data without communicating, then the
@@ -21,22 +21,46 @@ at the last sync; the outer optimizer holds them)::
     outer_opt.step()                         # on global_p, once every member voted
     p.copy_(global_p)                        # every replica starts the next round equal
 
+Streaming DiLoCo (Douillard et al., 2025), ``SyncConfig(fragments=F)``: the trainable
+parameters are cut into F contiguous fragments of about equal size
+(:mod:`.semisync_fragments`); a round is H / F inner steps and syncs one fragment,
+round-robin, so each fragment still syncs every H inner steps, at offsets spread over
+H, and each sync moves 1/F of the model. Round ``r``, as equivalent Python::
+
+    idx = manager.start_step()
+    f = r % F                                # committed rounds before this one
+    for piece in split(idx, H // F): ...     # inner steps as above
+    pseudo_grad = global_p[f] - p[f]         # this fragment only
+    p[f].grad = all_reduce_sum(pseudo_grad) / world_size
+    outer_opt.step()                         # steps global_p[f] and its momentum only
+    p[f].copy_(global_p[f])                  # the other fragments go on locally
+
 A failure during a round (or its sync) drops only the dead member's contribution: the
 survivors keep what they learned, shrink, and redo the sync among themselves; the dead
 member's share of the round is not trained again. A replacement joins at the next round
 boundary and heals the model, the outer optimizer (with its momentum), its healer's
-inner optimizer, the sampler, the RNG and every registered entry.
+inner optimizer, the sampler, the RNG and every registered entry; with fragments also
+the global copies and its healer's local parameters.
+
+With replica groups (``DiLoCo(..., replica=ReplicaGroup.from_env())``, the model sharded
+by ``fully_shard``) a member is one process of a group: the inner steps run FSDP2 inside
+the group, and the pseudo-gradient (a local shard) is summed with the same shard index
+of every other group; ``world_size`` counts processes, so the sum comes out as the mean
+over groups (:mod:`.shard_reduce`).
 
 What not to assume: the sampler's ``global_batch_size`` is a whole round's samples
-(H inner steps of all members); each member's share is cut into H contiguous pieces,
-so give at least H samples per member. Replicas differ inside a round by design, so
-``ManagerConfig.check_replicas`` is refused; after every committed round they are
-bit-identical (``manager.checksum()``). Streaming DiLoCo (a fragment of the model per
-sync) is not provided.
+(H inner steps of all members; H / F with fragments); each member's share is cut into
+that many contiguous pieces, so give at least one sample per piece. Replicas differ
+inside a round by design, so ``ManagerConfig.check_replicas`` is refused; after every
+committed round the agreed state is bit-identical (``manager.checksum()``: with
+fragments, the global copies and the outer momentum; the members' local copies of the
+fragments not just synced differ by design). :meth:`DiLoCo.wire_bytes` counts what
+this member sent, heal traffic included.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,9 +69,13 @@ from typing import Any
 import torch
 
 from torchnext.distributed.group.fault_tolerant_group import FaultTolerantGroup
+from torchnext.distributed.group.wire import with_heal
 from torchnext.distributed.training.config import ManagerConfig, ManagerEvent, StepResult
+from torchnext.distributed.training.hsdp import HSDPLayout
 from torchnext.distributed.training.manager import Manager
+from torchnext.distributed.training.replica_groups import ReplicaGroup
 from torchnext.distributed.training.sampler import ElasticSampler, split_range
+from torchnext.distributed.training.semisync_fragments import FragmentedOuter
 from torchnext.distributed.training.state import Stateful
 
 __all__ = ["SyncConfig", "DiLoCo"]
@@ -65,11 +93,25 @@ class SyncConfig:
     """Momentum of the outer SGD, kept across rounds (0 <= momentum < 1)."""
     nesterov: bool = True
     """Nesterov momentum for the outer SGD (needs outer_momentum > 0)."""
+    fragments: int = 1
+    """F: streaming DiLoCo syncs one of F fragments per round of H / F inner steps
+    (1: the whole model every H steps). F must divide ``sync_every``."""
 
     @classmethod
-    def local_sgd(cls, *, sync_every: int = 50) -> SyncConfig:
+    def local_sgd(cls, *, sync_every: int = 50, fragments: int = 1) -> SyncConfig:
         """LocalSGD: the parameters are averaged every ``sync_every`` steps."""
-        return cls(sync_every=sync_every, outer_lr=1.0, outer_momentum=0.0, nesterov=False)
+        return cls(
+            sync_every=sync_every,
+            outer_lr=1.0,
+            outer_momentum=0.0,
+            nesterov=False,
+            fragments=fragments,
+        )
+
+    @property
+    def steps_per_round(self) -> int:
+        """Inner steps between two syncs: H, or H / F with fragments."""
+        return self.sync_every // self.fragments
 
     def __post_init__(self) -> None:
         if not isinstance(self.sync_every, int) or isinstance(self.sync_every, bool):
@@ -78,6 +120,19 @@ class SyncConfig:
             raise ValueError(
                 f"SyncConfig(sync_every={self.sync_every}): give the number of inner steps "
                 "between syncs, >= 1 (1 syncs after every step)."
+            )
+        if not isinstance(self.fragments, int) or isinstance(self.fragments, bool):
+            raise TypeError(f"SyncConfig(fragments={self.fragments!r}): give an int >= 1.")
+        if self.fragments < 1:
+            raise ValueError(
+                f"SyncConfig(fragments={self.fragments}): give the number of fragments, >= 1 "
+                "(1 syncs the whole model each round; streaming DiLoCo uses 2 to 8 or so)."
+            )
+        if self.sync_every % self.fragments != 0:
+            raise ValueError(
+                f"SyncConfig(sync_every={self.sync_every}, fragments={self.fragments}): a round "
+                "is sync_every / fragments inner steps, so fragments must divide sync_every; "
+                f"give e.g. fragments={_largest_divisor(self.sync_every, self.fragments)}."
             )
         if not self.outer_lr > 0:
             raise ValueError(
@@ -96,6 +151,10 @@ class SyncConfig:
             )
 
 
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
 class DiLoCo:
     """Runs DiLoCo (or LocalSGD) rounds on one member (see the module docstring).
 
@@ -103,7 +162,10 @@ class DiLoCo:
     round's samples. ``group`` is the fault-tolerant group (default: the one ``torchnext
     run`` describes in the environment, created or joined); ``joining`` says ``group``
     was joined as a replacement. ``state`` registers more entries, as for
-    :class:`Manager`.
+    :class:`Manager`. ``replica`` (a :class:`~.replica_groups.ReplicaGroup`, ``model``
+    sharded with ``fully_shard`` over ``replica.mesh``) makes each replica a group of
+    processes (:mod:`.hsdp`): inner steps run FSDP2 inside the group, and a sync sums the
+    pseudo-gradient shard i with shard i of the other groups.
     """
 
     def __init__(
@@ -119,6 +181,7 @@ class DiLoCo:
         state: Mapping[str, Stateful] | None = None,
         on_event: Callable[[ManagerEvent], None] | None = None,
         join_timeout: timedelta = timedelta(seconds=120),
+        replica: ReplicaGroup | None = None,
     ) -> None:
         self.config = config or SyncConfig()
         if not isinstance(self.config, SyncConfig):
@@ -135,18 +198,38 @@ class DiLoCo:
                 "compares them after a committed round)."
             )
         self.model = model
+        self.sharded = replica is not None
+        """Whether each replica is a group of processes sharding the model (``replica=``)."""
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.global_params = [p.detach().clone() for p in self.params]
-        """The parameters the members agreed on at the last sync (the outer optimizer's)."""
-        self.outer_optimizer = torch.optim.SGD(
-            self.global_params,
-            lr=self.config.outer_lr,
-            momentum=self.config.outer_momentum,
-            nesterov=self.config.nesterov,
-        )
+        cfg = self.config
+        self.fragmented: FragmentedOuter | None = None
+        """Streaming DiLoCo's fragments and global copies (``fragments > 1``), else None."""
+        managed: torch.nn.Module = model
+        if cfg.fragments > 1:
+            self.fragmented = FragmentedOuter(
+                self.params,
+                fragments=cfg.fragments,
+                outer_lr=cfg.outer_lr,
+                outer_momentum=cfg.outer_momentum,
+                nesterov=cfg.nesterov,
+            )
+            self.global_params = self.fragmented.global_params
+            self.outer_optimizer = self.fragmented.outer_optimizer
+            # The manager heals and fingerprints the global copies; the pseudo-gradient
+            # of one fragment goes through its gradient all-reduce.
+            managed = self.fragmented.holder
+        else:
+            self.global_params = [p.detach().clone() for p in self.params]
+            self.outer_optimizer = torch.optim.SGD(
+                self.global_params,
+                lr=cfg.outer_lr,
+                momentum=cfg.outer_momentum,
+                nesterov=cfg.nesterov,
+            )
         self.inner_optimizer = inner_optimizer
         self.sync_s = 0.0
         """Seconds the last committed round spent in its sync (all-reduce, vote, outer step)."""
+        self._local_started = False
         manager_kwargs: dict[str, Any] = {
             "config": manager_config,
             "on_event": on_event,
@@ -155,14 +238,28 @@ class DiLoCo:
         }
         if group is None:
             self.manager = Manager.from_env(
-                model, self.outer_optimizer, sampler, join_timeout=join_timeout, **manager_kwargs
+                managed,
+                self.outer_optimizer,
+                sampler,
+                join_timeout=join_timeout,
+                replica=replica,
+                **manager_kwargs,
             )
         else:
+            if replica is not None:
+                # Published after the join: the members admit a joining group once
+                # every one of its processes has said which group it belongs to.
+                layout = HSDPLayout(replica, member_id=str(group.member_id))
+                manager_kwargs["layout"] = layout
             self.manager = Manager(
-                group, model, self.outer_optimizer, sampler, joining=joining, **manager_kwargs
+                group, managed, self.outer_optimizer, sampler, joining=joining, **manager_kwargs
             )
         # Per member; a replacement takes its healer's, as a fresh worker would need some.
         self.manager.register("inner_optimizer", inner_optimizer, replicated=False)
+        if self.fragmented is not None:
+            # With fragments the members' parameters differ between syncs: a replacement
+            # takes its healer's, like the inner optimizer.
+            self.manager.register("local_model", model, replicated=False)
 
     @property
     def rounds(self) -> int:
@@ -170,7 +267,7 @@ class DiLoCo:
         return self.manager.step
 
     def run_round(self, closure: Callable[[list[int]], torch.Tensor]) -> StepResult:
-        """Run one round to commit: H inner steps, then the sync (see the module docstring).
+        """Run one round to commit: the inner steps, then the sync (module docstring).
 
         ``closure(indices)`` returns the *mean* loss of the given samples (never called
         with none). After a failure the sync is redone among the survivors, without
@@ -178,19 +275,39 @@ class DiLoCo:
         """
         manager = self.manager
         indices = manager.start_step()
-        with torch.no_grad():
-            for g, p in zip(self.global_params, self.params, strict=True):
-                g.copy_(p)  # equal on survivors; a healed replacement takes them from here
+        fragmented = self.fragmented
+        fragment = 0
+        if fragmented is None:
+            with torch.no_grad():
+                for g, p in zip(self.global_params, self.params, strict=True):
+                    g.copy_(p)  # equal on survivors; a healed replacement takes them from here
+        else:
+            if not self._local_started and manager.step == 0:
+                fragmented.start_local()  # the global copies were just made equal
+            self._local_started = True
+            fragment = fragmented.fragment_of(manager.step)
         loss = self._inner_steps(closure, indices)
         while True:
-            self._set_pseudo_gradient(manager.world_size)
-            result = manager.finish_step(loss / manager.world_size)
+            if fragmented is None:
+                self._set_pseudo_gradient(manager.world_size)
+                result = manager.finish_step(loss / manager.world_size)
+            else:
+                fragmented.set_pseudo_gradient(fragment, manager.world_size)
+                result = manager.finish_step(
+                    loss / manager.world_size,
+                    optimizer_step=lambda: fragmented.outer_step(fragment),
+                )
             if result.committed:
                 self.sync_s = result.allreduce_s + result.commit_s
                 return result
             # A member died in this round: keep what this member learned, agree on the
             # survivors and redo only the sync among them.
             manager.start_step()
+
+    def wire_bytes(self) -> dict[str, int]:
+        """Bytes this member put on the wire so far, per op kind, plus ``"heal"``: the
+        state it received as a replacement (see :mod:`torchnext.distributed.group.wire`)."""
+        return with_heal(self.manager.group.wire_bytes(), self.manager.heal_stats)
 
     def finish(self) -> None:
         """Mark the job finished; see :meth:`Manager.finish`."""
@@ -201,16 +318,29 @@ class DiLoCo:
     def _inner_steps(
         self, closure: Callable[[list[int]], torch.Tensor], indices: list[int]
     ) -> float:
-        steps = self.config.sync_every
+        steps = self.config.steps_per_round
         bounds = [split_range(len(indices), i, steps) for i in range(steps)]
         pieces = [indices[a:b] for a, b in bounds if b > a]
         if len(pieces) < steps:
             raise ValueError(
                 f"DiLoCo: member {self.manager.rank} of {self.manager.world_size} got "
-                f"{len(indices)} samples for a round of sync_every={steps} inner steps; give "
-                "the sampler a global_batch_size of at least sync_every samples per member "
-                "(the round's samples: inner steps x samples per step)."
+                f"{len(indices)} samples for a round of {steps} inner steps (sync_every="
+                f"{self.config.sync_every}, fragments={self.config.fragments}); give the sampler "
+                "a global_batch_size of at least that many samples per member (the round's "
+                "samples: inner steps x samples per step)."
             )
+        # In a replica group an inner step runs FSDP's collectives inside the group: one
+        # that fails means a group-mate died, and the group is dropped (the layout's guard
+        # says so with ReplicaIncompleteError). Full replicas never communicate here.
+        guard = self.manager.interruptible() if self.sharded else contextlib.nullcontext()
+        with guard:
+            total = self._run_pieces(closure, pieces)
+        self.inner_optimizer.zero_grad(set_to_none=True)
+        return total / len(pieces)
+
+    def _run_pieces(
+        self, closure: Callable[[list[int]], torch.Tensor], pieces: list[list[int]]
+    ) -> float:
         total = 0.0
         for piece in pieces:
             self.inner_optimizer.zero_grad(set_to_none=True)
@@ -225,8 +355,7 @@ class DiLoCo:
                 loss.backward()
             self.inner_optimizer.step()
             total += float(loss.detach())
-        self.inner_optimizer.zero_grad(set_to_none=True)
-        return total / len(pieces)
+        return total
 
     def _set_pseudo_gradient(self, world_size: int) -> None:
         with torch.no_grad():

@@ -248,6 +248,15 @@ class TrainingState:
         """The registered entries' states only, by name (what a redone step rolls back)."""
         return {name: e.obj.state_dict() for name, e in self._entries.items()}
 
+    def entry(self, name: str) -> Stateful:
+        """The object registered as ``name``."""
+        if name not in self._entries:
+            raise TrainingStateError(
+                f"entry {name!r} is not registered (registered: {list(self._entries)}); "
+                "register it under the same name as the run that saved the state."
+            )
+        return self._entries[name].obj
+
     def load_entries_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load :meth:`entries_state_dict`'s output into the same registered entries."""
         for name, value in state.items():
