@@ -196,7 +196,7 @@ def main(argv: list[str]) -> int:
     columns = ["build", "torch", "step_off_ms", "step_on_ms", "speedup", "compute_ms", "comm_ms"]
     columns += ["all_reduce_ms", "overlappable_ms", "ideal_speedup", "ideal_speedup_all"]
     columns += ["spread_off", "spread_on", "bit_identical"]
-    report = Report(name="compile_overlap", columns=columns)
+    report = Report(name="compile-overlap", columns=columns)
     derived = {}
     for build, r in runs.items():
         d = derived[build] = _derived(r)
