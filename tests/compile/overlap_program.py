@@ -1,8 +1,10 @@
 """A 2-rank gloo program: one tensor-parallel MLP compiled with the overlap pass off and on.
 
 ``python overlap_program.py OUT.json`` writes, for each setting and each compiled graph
-(forward, backward): the order of the collectives, and Inductor's own peak-memory
-estimate of the scheduled graph; plus whether outputs and gradients are bit-identical.
+(forward, backward), read from Inductor's scheduler after all its passes (the order it
+runs): the order of the collectives, Inductor's own peak-memory estimate, and how many
+compute nodes run while a collective is in flight; plus whether outputs and gradients are
+bit-identical.
 Run by ``test_overlap.py``; the 2.14 guarantees are checked there.
 """
 
@@ -66,13 +68,19 @@ def _worker(rank: int, port: int, out: str) -> None:
         )
         graphs[-1]["inductor_peak_bytes"] = int(peak)
         # The order Inductor will run, read from its scheduler nodes (after every pass).
-        scheduled = []
+        scheduled, in_flight, hidden = [], 0, 0
         for snode in nodes:
             kernel = str(getattr(snode.node, "python_kernel_name", ""))
             if "_c10d_functional" in kernel and "wait_tensor" not in kernel:
                 names = [o.name for o in getattr(snode.node, "origins", ()) if is_collective(o)]
                 scheduled.append(",".join(sorted(names)))
+                in_flight += 1
+            elif "wait_tensor" in kernel:
+                in_flight = max(0, in_flight - 1)
+            elif in_flight:
+                hidden += 1
         graphs[-1]["scheduled_order"] = scheduled
+        graphs[-1]["compute_in_flight"] = hidden
         report = last_overlap_report()
         if report is not None:
             graphs[-1]["swaps"] = report.collective_swaps + report.wait_swaps
@@ -82,19 +90,18 @@ def _worker(rank: int, port: int, out: str) -> None:
     def record_order(graph: torch.fx.Graph) -> None:
         graphs.append({"order": [n.name for n in graph.nodes if is_collective(n)]})
 
-    config._pre_fusion_custom_pass = measure
     config.post_grad_custom_pre_pass = record_order
-    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    x = torch.randn(256, 128, generator=torch.Generator().manual_seed(1), requires_grad=True)
     results = {}
     for flag in (False, True):
         torch.manual_seed(0)
         model = torch.nn.Sequential(
-            torch.nn.Linear(32, 64),
+            torch.nn.Linear(128, 64),
             torch.nn.ReLU(),
-            torch.nn.Linear(64, 32),
-            torch.nn.Linear(32, 64),
+            torch.nn.Linear(64, 128),
+            torch.nn.Linear(128, 64),
             torch.nn.ReLU(),
-            torch.nn.Linear(64, 32),
+            torch.nn.Linear(64, 128),
         )
         plan = {
             "0": ColwiseParallel(),
@@ -106,8 +113,13 @@ def _worker(rank: int, port: int, out: str) -> None:
         compiled = torch.compile(own_code(lambda t, tp=tp: tp(t), f"step_{flag}"))
         start = len(graphs)
         with simple_overlap_enabled(flag):
-            y = compiled(x)
-            y.sum().backward()
+            # measure runs last among Inductor's scheduler passes, after the overlap's own.
+            last = [*config.reorder_for_compute_comm_overlap_passes, measure]
+            with config.patch(
+                reorder_for_compute_comm_overlap=True, reorder_for_compute_comm_overlap_passes=last
+            ):
+                y = compiled(x)
+                y.sum().backward()
         results[str(flag)] = {
             "graphs": graphs[start:],
             "y": y.detach(),

@@ -17,6 +17,7 @@ import torch.fx
 from torchnext.compat import inductor_passes
 from torchnext.compile import (
     enable_simple_overlap,
+    keep_fx_order,
     is_collective,
     simple_overlap,
     simple_overlap_enabled,
@@ -147,7 +148,11 @@ def test_the_switch_chains_a_users_pass_and_restores_it() -> None:
 
     seen: list[str] = []
     user_pass = seen.append
-    with config.patch(post_grad_custom_post_pass=user_pass):
+    user_scheduler_pass = list
+    with config.patch(
+        post_grad_custom_post_pass=user_pass,
+        reorder_for_compute_comm_overlap_passes=[user_scheduler_pass],
+    ):
         with simple_overlap_enabled():
             assert inductor_passes.overlap_pass_installed()
             installed = config.post_grad_custom_post_pass
@@ -155,7 +160,15 @@ def test_the_switch_chains_a_users_pass_and_restores_it() -> None:
             installed(g)
             assert seen == [g] and installed.last_report.collective_swaps == 1
             assert installed.uuid()[0] == "torchnext.simple_overlap"
+            # The order keeper runs after the user's scheduler passes, and runs at all.
+            assert config.reorder_for_compute_comm_overlap
+            assert config.reorder_for_compute_comm_overlap_passes == [
+                user_scheduler_pass,
+                keep_fx_order,
+            ]
         assert config.post_grad_custom_post_pass is user_pass
+        assert config.reorder_for_compute_comm_overlap_passes == [user_scheduler_pass]
+        assert not config.reorder_for_compute_comm_overlap
     with pytest.raises(TypeError, match="enabled='yes'"):
         enable_simple_overlap("yes")  # type: ignore[arg-type]
 
@@ -180,3 +193,7 @@ def test_compiled_tensor_parallel_mlp_keeps_214s_guarantees(tmp_path: Path) -> N
     for g_off, g_on in zip(off, on, strict=True):
         assert g_on["scheduled_order"] == g_off["scheduled_order"] == g_off["order"]
         assert g_on["inductor_peak_bytes"] <= g_off["inductor_peak_bytes"]
+    # Inductor runs the overlap: compute runs while a collective is in flight, where
+    # without the pass every collective is waited on at once (its peak-memory re-sort
+    # must not undo the order).
+    assert sum(g["compute_in_flight"] for g in on) > sum(g["compute_in_flight"] for g in off)

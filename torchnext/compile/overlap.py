@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -43,7 +44,7 @@ import torch.fx
 
 from torchnext.compat.inductor_passes import op_namespace, op_schema
 
-__all__ = ["OverlapReport", "simple_overlap", "is_collective", "is_wait"]
+__all__ = ["OverlapReport", "simple_overlap", "is_collective", "is_wait", "report_for"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,21 @@ class OverlapReport:
     """The collectives' names in the order they run (the same before and after)."""
     notes: list[str] = field(default_factory=list)
     """Per-collective remarks (why one did not move further)."""
+    scheduled: bool | None = None
+    """Whether Inductor's scheduler runs this order (``torchnext.compile.schedule``): None
+    until the graph is scheduled, False where keeping it would raise Inductor's own
+    peak-memory estimate (then Inductor's memory order runs, and ``notes`` says so)."""
+
+
+# The graphs this pass ran on, with what it did: the scheduler pass acts only on these
+# (every other graph keeps Inductor's own order).
+_reports: weakref.WeakKeyDictionary[torch.fx.Graph, OverlapReport] = weakref.WeakKeyDictionary()
+
+
+def report_for(graph: torch.fx.Graph) -> OverlapReport | None:
+    """What :func:`simple_overlap` did to ``graph``; None when it did not run on it (no
+    collectives, no memory estimate, or the pass was off)."""
+    return _reports.get(graph)
 
 
 def _namespace(node: torch.fx.Node) -> str:
@@ -298,6 +314,7 @@ def simple_overlap(graph: torch.fx.Graph, *, hoist_inputs: bool = True) -> Overl
         raise RuntimeError(f"simple_overlap reordered collectives: {report.order}")  # a bug
     if report.collective_swaps or report.wait_swaps or report.hoisted:
         _reorder(graph, memory.order)
+    _reports[graph] = report
     log.debug("simple_overlap: %s", report)
     return report
 

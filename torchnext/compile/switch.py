@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from torchnext.compat import inductor_passes
 from torchnext.compile.overlap import simple_overlap
+from torchnext.compile.schedule import keep_fx_order
 
 __all__ = ["enable_simple_overlap", "simple_overlap_enabled"]
 
@@ -28,7 +29,9 @@ def enable_simple_overlap(enabled: bool = True) -> bool:
         raise TypeError(f"enable_simple_overlap(enabled={enabled!r}): pass True or False")
     was = inductor_passes.overlap_pass_installed()
     if enabled:
-        inductor_passes.install_overlap_pass(simple_overlap)
+        # The FX pass reorders; keep_fx_order keeps that order through Inductor's
+        # peak-memory re-sort of the scheduled nodes (see torchnext.compile.schedule).
+        inductor_passes.install_overlap_pass(simple_overlap, keep_fx_order)
     else:
         inductor_passes.uninstall_overlap_pass()
     return was
