@@ -20,8 +20,12 @@ Measured side by side in one run per torch build (interleaved, rotating repetiti
   ``(compute + comm) / max(compute, comm)``, a bound no schedule of this graph reaches.
 
 2.14's pass can only move the all-reduce past the first layer's weight gradient (the
-rest of the backward comes before the all-reduce's input); torchnext's also computes
-that input first, so both weight gradients run while it is in flight.
+rest of the backward comes before the all-reduce's input). torchnext's FX pass also
+computes that input first; on 2.13 Inductor's scheduler then keeps as much of that order
+as its own peak-memory estimate allows (``torchnext.compile.keep_fx_order``): here the
+first layer's weight gradient and both bias gradients run while the all-reduce is in
+flight, and the second layer's weight gradient stays before it (moving it would keep the
+incoming gradient alive beside the all-reduce's buffer, a higher peak).
 
 torchnext runs on this torch (2.13) through ``torchnext.compile.enable_simple_overlap``;
 native 2.14.1 runs the same program with its own pass on and off, in the python of

@@ -17,8 +17,8 @@ import torch.fx
 from torchnext.compat import inductor_passes
 from torchnext.compile import (
     enable_simple_overlap,
-    keep_fx_order,
     is_collective,
+    keep_fx_order,
     simple_overlap,
     simple_overlap_enabled,
 )

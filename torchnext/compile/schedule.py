@@ -152,23 +152,36 @@ def keep_fx_order(snodes: list[Any]) -> list[Any]:
     report = report_for(graph)
     if report is None:
         return snodes
+    try:
+        order, why = _keep(snodes, priorities)
+    except Exception as exc:  # never break a compile: Inductor's own order is always safe
+        log.warning("keep_fx_order: Inductor's order kept: %r (a torchnext bug)", exc)
+        report.scheduled = False
+        report.notes.append(f"Inductor's order kept: {exc!r}")
+        return snodes
+    report.scheduled = why == ""
+    if why:
+        report.notes.append(why)
+    log.debug("keep_fx_order: %s", why or "the FX order runs")
+    return order
+
+
+def _keep(snodes: list[Any], priorities: list[float]) -> tuple[list[Any], str]:
+    """The order to run and, when it is not the FX pass's, why."""
     collectives = [n for n in snodes if scheduler_node_is_collective(n)]
     peak_inductor = scheduler_peak_bytes(snodes)
     kept = _topological(snodes, priorities)
     if [n for n in kept if scheduler_node_is_collective(n)] != collectives:
-        raise RuntimeError("keep_fx_order reordered collectives")  # a bug: the FX order keeps them
+        raise RuntimeError("the FX order reorders collectives")
     peak_kept = scheduler_peak_bytes(kept)
     if peak_kept <= peak_inductor:
-        report.scheduled = True
-        log.debug("keep_fx_order: FX order kept (peak %d B <= %d B)", peak_kept, peak_inductor)
-        return kept
+        return kept, ""
     order = list(snodes)
     moved = _hoist_in_budget(order, peak_inductor, scheduler_node_inputs(order))
+    if [n for n in order if scheduler_node_is_collective(n)] != collectives:
+        raise RuntimeError("moving compute after collectives reordered them")
     scheduler_peak_bytes(order)  # leave the planning info matching the order returned
-    report.scheduled = False
-    report.notes.append(
+    return order, (
         f"the FX order's peak estimate {peak_kept} B exceeds Inductor's {peak_inductor} B: "
         f"Inductor's order runs, with {moved} node(s) moved after their collective within it"
     )
-    log.debug("keep_fx_order: %s", report.notes[-1])
-    return order
