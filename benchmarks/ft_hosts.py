@@ -27,6 +27,7 @@ reads ``results/ft-hosts.json``.
 Usage::
 
     torchnext bench ft-hosts [--quick] [--trials 10] [--k-trials 4] [--window-s 6]
+                             [--jobs etcd,tcp,k]
 
 Needs root (test hosts) and the etcd server (``pip install 'torchnext[etcd]'``).
 """
@@ -191,10 +192,12 @@ def _specs(args: argparse.Namespace) -> list[JobSpec]:
         after.setdefault(j * args.trials // pairs, []).append(j)
     specs: list[JobSpec] = []
     for i in range(args.trials):
-        specs.append(JobSpec(f"etcd-{i}", "etcd", pace_ms=args.pace_ms))
+        if "etcd" in args.jobs:
+            specs.append(JobSpec(f"etcd-{i}", "etcd", pace_ms=args.pace_ms))
         restarts = {3: 2} if i < args.heal_jobs else {}
-        specs.append(JobSpec(f"tcp-{i}", "tcp", restarts=restarts, pace_ms=args.pace_ms))
-        for j in after.get(i, []):
+        if "tcp" in args.jobs:
+            specs.append(JobSpec(f"tcp-{i}", "tcp", restarts=restarts, pace_ms=args.pace_ms))
+        for j in after.get(i, []) if "k" in args.jobs else []:
             specs.append(JobSpec(f"k1-{j}", "tcp", nproc=1, pace_ms=args.pace_ms))
             specs.append(JobSpec(f"k4-{j}", "tcp", nproc=4, pace_ms=args.pace_ms))
     return specs
@@ -235,7 +238,16 @@ def main(argv: list[str]) -> int:
         help="time budget: no job is started once it could not finish within it",
     )
     parser.add_argument("--quick", action="store_true", help="2 rounds, 2 K power-offs each")
+    parser.add_argument(
+        "--jobs",
+        default="etcd,tcp,k",
+        help="which jobs to run, comma-separated: etcd, tcp, k (the 1-vs-4 workers pairs); "
+        "a subset leaves the other keys unmeasured",
+    )
     args = parser.parse_args(argv)
+    args.jobs = {j.strip() for j in args.jobs.split(",") if j.strip()}
+    if not args.jobs or not args.jobs <= {"etcd", "tcp", "k"}:
+        parser.error(f"--jobs={','.join(sorted(args.jobs))}: give some of etcd, tcp, k")
     if args.quick:
         args.trials, args.k_trials, args.window_s, args.heal_jobs = 2, 2, 4.0, 1
     if args.trials < 1 or args.k_trials < 1:

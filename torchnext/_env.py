@@ -137,7 +137,11 @@ TORCHNEXT_STORE_TIMEOUT = _var(
 )
 TORCHNEXT_ETCD_REQUEST_TIMEOUT = _var(
     "TORCHNEXT_ETCD_REQUEST_TIMEOUT",
-    timedelta(seconds=1),
+    # 0.3 s: a member that went silent (its host lost power) holds a request this long
+    # before the next member is tried, and a follower that still waits for a dead leader
+    # as long; etcd answers a live member's request in milliseconds, and a slow answer
+    # only moves the request to another member.
+    timedelta(milliseconds=300),
     _parse_seconds,
     "With an etcd store (etcd://...): bound on one request to one etcd member, in seconds, "
     "before the next member is tried; keep it below the heartbeat timeout, so a member "

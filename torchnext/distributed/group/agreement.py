@@ -113,6 +113,9 @@ def propose(
     alive = tuple(m for m in epoch.members if m in acked and not monitor.is_dead(m))
     joiners: tuple[str, ...] = ()
     if kind == "grow":
+        # Read the registry now: members ask whether joiners wait from the monitor's
+        # last heartbeat, and this member's view may be a heartbeat older than theirs.
+        monitor.refresh_joiners()
         joiners = tuple(j for j in monitor.pending_joiners() if j not in alive)
     return Membership(
         epoch=epoch.number,

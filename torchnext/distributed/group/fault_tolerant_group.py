@@ -351,10 +351,12 @@ class FaultTolerantGroup(Collectives, PointToPoint):
         self._transition(decision)
         return decision
 
-    def pending_joiners(self) -> tuple[str, ...]:
-        """Member ids that called :meth:`join` and wait for :meth:`grow` (and look alive)."""
+    def pending_joiners(self, *, fresh: bool = True) -> tuple[str, ...]:
+        """Member ids that called :meth:`join` and wait for :meth:`grow` (and look alive);
+        ``fresh=False``: as the monitor last read them (every heartbeat), no store request."""
         self._check_usable(allow_revoked=True)
-        self._monitor.refresh_joiners()
+        if fresh:
+            self._monitor.refresh_joiners()
         return tuple(self._monitor.pending_joiners())
 
     def reconfigure(self, members: Sequence[str], timeout: timedelta | None = None) -> Membership:

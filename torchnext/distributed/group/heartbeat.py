@@ -13,8 +13,9 @@ only while this monitor watches: a peer's silence is measured up to this monitor
 latest successful read; of a long gap between two reads (this process was
 descheduled, the store was slow) only half a ``heartbeat_timeout`` is counted against a
 peer that did not beat meanwhile; and after a store outage (calls failed) every peer
-starts again with a full ``heartbeat_timeout`` of credit. So a loaded machine, or a
-store that paused or failed over, delays detection instead of causing false suspicions.
+starts again as after such a gap, showing half a ``heartbeat_timeout`` of silence. So a
+loaded machine, or a store that paused or failed over, delays detection (by at most the
+pause) instead of causing false suspicions.
 
 Fencing: when the latest epoch is newer than this member's and the decision that ended
 its epoch leaves it out, the member was evicted (a host cut off from the others that
@@ -369,13 +370,17 @@ class Monitor:
         self._last_ok = time.monotonic()
         if self._outage is not None:
             # Nothing this monitor could not see is held against anyone: every peer
-            # starts again with a full heartbeat_timeout of credit. Half of it, as after
-            # a stall, is not enough: peers' outages end up to a store call later than
-            # this one's (an etcd election, a failover), and they beat only then.
+            # starts again as after a stall, with the stall allowance of silence, so a
+            # peer that died with the store's host is suspected heartbeat_timeout minus
+            # that allowance after the store answers, not a whole timeout later. A live
+            # peer's outage ends at most one store call after this one's (a request held
+            # by a member that died, a retry pause: under 0.5 s on etcd with its 0.3 s
+            # request timeout), well within what is left of the timeout.
             logger.info("%s: the store answers again after an outage", self._me)
             self._outage = None
             self._observed_at = None
-            self._changed_at = dict.fromkeys(self._changed_at, self._last_ok)
+            shown = self._last_ok - _gap_allowance_s(self._config)
+            self._changed_at = dict.fromkeys(self._changed_at, shown)
 
     def _store_failed(self, exc: BaseException) -> bool:
         """Note a failed store call; True once the store is lost (the monitor stops)."""

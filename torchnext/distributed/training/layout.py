@@ -132,7 +132,9 @@ class DDPLayout:
         )
 
     def joiners_ready(self, group: FaultTolerantGroup) -> bool:
-        return bool(group.pending_joiners())
+        # Asked every step: the monitor's view (at most one heartbeat old) costs no store
+        # request on the step's path (on etcd, a read through the leader each step).
+        return bool(group.pending_joiners(fresh=False))
 
     def sync_and_heal(self, manager: ManagerView) -> None:
         """Compare committed steps; members behind receive state from one that is not."""

@@ -1,0 +1,100 @@
+"""The heartbeat monitor across a store outage: who is suspected when the store answers again.
+
+A store that fails every call for longer than the heartbeat timeout (an etcd leader's host
+lost power and the cluster elects a new leader) hides every peer's beats. Afterwards a
+peer that died with it must be suspected soon, without waiting a whole timeout more, while
+a live peer whose own calls come back a little later than this monitor's is not. One
+monitor thread on a real in-memory store that the test switches off and on; the peers'
+beats are written by the test.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from torchnext.distributed.group.config import GroupConfig
+from torchnext.distributed.group.heartbeat import Monitor, Watch
+from torchnext.distributed.group.membership import Keys
+
+TIMEOUT = timedelta(seconds=1)
+CONFIG = GroupConfig(
+    heartbeat_interval=timedelta(milliseconds=50),
+    heartbeat_timeout=TIMEOUT,
+    store_timeout=timedelta(seconds=10),
+    probe_local_pids=False,
+)
+
+
+class SwitchedStore:
+    """A ``HashStore`` whose every call raises while ``down`` is set (an outage)."""
+
+    def __init__(self) -> None:
+        self.inner = dist.HashStore()
+        self.down = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name == "set_timeout":
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down.is_set():
+                raise RuntimeError("store down (test outage)")
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_after_an_outage_a_dead_peer_is_suspected_early_and_a_late_live_peer_is_not() -> None:
+    store, keys = SwitchedStore(), Keys("outage")
+    suspected: dict[str, float] = {}
+    seen = threading.Event()
+
+    def on_suspects(members: list[str], reason: str) -> None:
+        for m in members:
+            suspected.setdefault(m, time.monotonic())
+        seen.set()
+
+    monitor = Monitor(store, keys, "a", CONFIG)
+    live_pauses = threading.Event()  # set: the live peer's calls fail too
+    stop = threading.Event()
+
+    def live_peer() -> None:
+        n = 0
+        while not stop.wait(0.05):
+            if not live_pauses.is_set():
+                n += 1
+                store.inner.set(keys.heartbeat("live"), str(n))
+
+    for m in ("live", "dead"):
+        store.inner.set(keys.heartbeat(m), "0")
+    beater = threading.Thread(target=live_peer, daemon=True)
+    beater.start()
+    monitor.start()
+    monitor.set_watch(Watch(0, ("a", "live", "dead"), {}, on_suspects, lambda epoch: None))
+    try:
+        time.sleep(0.3)  # both seen alive first (the dead one beat once, at "0")
+        live_pauses.set()  # the outage: nobody's calls get through for longer than TIMEOUT
+        store.down.set()
+        time.sleep(1.5)
+        assert not suspected, suspected  # nothing is judged while the store is away
+        store.down.clear()
+        back = time.monotonic()
+        time.sleep(0.3)  # the live peer's own outage ends a store call later
+        live_pauses.clear()
+        assert seen.wait(3.0), "the dead peer was never suspected"
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        monitor.stop()
+        beater.join(timeout=5)
+    assert set(suspected) == {"dead"}, suspected
+    after = suspected["dead"] - back
+    # Suspected once the rest of the timeout past the stall allowance ran out after the
+    # store came back (0.5 s here), not a whole timeout (1 s) later.
+    assert 0.3 < after < 0.9, after
