@@ -140,6 +140,7 @@ def summarize(
             "fenced_p99_s": p99(fenced),
             "fenced_exits": f"{len(fenced)}/{sum(1 for t in trials if t.kind in ('freeze', 'partition'))}",
             "split_brain_commits": sum(t.split_brain_commits for t in trials),
+            "in_flight_commits_on_cut_off_host": sum(t.in_flight_commits for t in trials),
             "wrong_suspicions_in_fault_runs": sum(t.wrong_suspicions for t in trials),
             "replace_p50_s": _median([t.replace_s for t in trials if t.replace_s is not None]),
             "heal_p50_s": _median([t.heal_s for t in trials if t.heal_s is not None]),

@@ -82,7 +82,10 @@ class Trial:
     fenced_s: float | None = None
     """Thaw or reconnect to the moment every worker of the host had exited."""
     split_brain_commits: int = 0
-    """Steps the faulted host's workers committed after the fault that the survivors did not."""
+    """Steps the faulted host's workers began after the fault and committed (the survivors
+    did not)."""
+    in_flight_commits: int = 0
+    """Steps the cut-off host began before the fault and committed after it, alone."""
     replace_s: float | None = None
     heal_s: float | None = None
     note: str = ""
@@ -274,11 +277,17 @@ def _fence(
         for r in job.records.select("step", since=fault_time - _RECENT_S)
         if r["member"] in survivors
     }
-    trial.split_brain_commits = sum(
-        1
+    # A step the cut-off host *ran* after the fault (began after it) and committed. One it
+    # began before and whose all-reduce completed as the link went down may commit there
+    # while the survivors redo it (the collective vote is not atomic; the member is then
+    # fenced and its state never reaches anyone): that one is counted apart.
+    late = [
+        r
         for r in job.records.select("step", since=fault_time)
         if node_of(r["member"]) == host and (r["epoch"], r["step"]) not in kept
-    )
+    ]
+    trial.split_brain_commits = sum(1 for r in late if float(r.get("t0", r["t"])) >= fault_time)
+    trial.in_flight_commits = len(late) - trial.split_brain_commits
 
 
 def _replacement(job: Job, host: int, trial: Trial, bound: timedelta) -> None:

@@ -124,12 +124,16 @@ def main(argv: list[str]) -> int:
 
     try:
         while True:
+            # t0: when this attempt began, so a step started before a fault and committed
+            # just after it is told apart from one run after the fault.
+            t0 = time.time()
             result = manager.run_step(closure)
             if result.committed:
                 _record(
                     out,
                     member,
                     "step",
+                    t0=t0,
                     step=result.step,
                     epoch=int(manager.group.epoch),
                     world=result.world_size,
