@@ -293,7 +293,10 @@ class Monitor:
         """Registered joiners that are not admitted yet and look alive, in registration order."""
         self.track_joiners = True
         with self._lock:
-            joiners = [j for j in self._joiners if j not in self._admitted]
+            # A joiner the last grow admitted is a member now, even before this monitor
+            # reads its admission key (the registry is read once a heartbeat).
+            members = set(self._watch.members) if self._watch is not None else set()
+            joiners = [j for j in self._joiners if j not in self._admitted and j not in members]
         return [j for j in joiners if self.failure_of(j) is None]
 
     def refresh_joiners(self) -> None:

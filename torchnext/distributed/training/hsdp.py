@@ -177,9 +177,9 @@ class HSDPLayout:
             raise CommError("HSDP: no shard sub-group before the first sync")
         return self.shard_group
 
-    def joiners_ready(self, group: FaultTolerantGroup) -> bool:
+    def joiners_ready(self, group: FaultTolerantGroup, *, fresh: bool = True) -> bool:
         """Admit joiners only once a whole restarted group waits to join."""
-        pending = group.pending_joiners()
+        pending = group.pending_joiners(fresh=fresh)
         if not pending:
             return False
         groups: dict[str, set[int]] = {}

@@ -95,8 +95,9 @@ class ReplicaLayout(Protocol):
         failed: Callable[[], bool],
     ) -> GradientReducer: ...
 
-    def joiners_ready(self, group: FaultTolerantGroup) -> bool:
-        """Whether the pending joiners may be admitted at this step's end."""
+    def joiners_ready(self, group: FaultTolerantGroup, *, fresh: bool = True) -> bool:
+        """Whether the pending joiners may be admitted at this step's end (``fresh``: read
+        the registry now; else the monitor's view, at most a heartbeat old)."""
         ...
 
     def sync_and_heal(self, manager: ManagerView) -> None:
@@ -131,10 +132,8 @@ class DDPLayout:
             modules=model.modules(),
         )
 
-    def joiners_ready(self, group: FaultTolerantGroup) -> bool:
-        # Asked every step: the monitor's view (at most one heartbeat old) costs no store
-        # request on the step's path (on etcd, a read through the leader each step).
-        return bool(group.pending_joiners(fresh=False))
+    def joiners_ready(self, group: FaultTolerantGroup, *, fresh: bool = True) -> bool:
+        return bool(group.pending_joiners(fresh=fresh))
 
     def sync_and_heal(self, manager: ManagerView) -> None:
         """Compare committed steps; members behind receive state from one that is not."""

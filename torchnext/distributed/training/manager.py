@@ -335,7 +335,9 @@ class Manager:
             or self.layout.atomic_commit
         )
         if not by_store:
-            loss_buf[1] = float(self._joiners_pending())
+            # Asked every step: the monitor's view (at most a heartbeat old) costs no
+            # store request on the step's path (on etcd, a read through the leader).
+            loss_buf[1] = float(self._joiners_pending(fresh=False))
         try:
             self._bucketer.finish(self.config.step_timeout)
             self.group.all_reduce(loss_buf, timeout=self.config.step_timeout)
@@ -362,7 +364,7 @@ class Manager:
                 ok=ok,
                 timeout=self.config.step_timeout,
                 failed=self._failure_reason,
-                joiners_pending=self._joiners_pending,
+                joiners_pending=self._joiners_pending,  # the vote talks to the store anyway
                 local_reason=reason,
             )
         if not decision.commit:
@@ -464,9 +466,9 @@ class Manager:
                 "gradient all-reduce, with the summed gradients in p.grad)."
             ) from exc
 
-    def _joiners_pending(self) -> bool:
+    def _joiners_pending(self, fresh: bool = True) -> bool:
         try:
-            return self.layout.joiners_ready(self.group)
+            return self.layout.joiners_ready(self.group, fresh=fresh)
         except Exception:  # noqa: BLE001 - a failed query only delays admitting joiners
             return False
 
