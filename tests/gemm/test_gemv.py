@@ -109,16 +109,23 @@ def test_portable_c_build_agrees_with_the_simd_build() -> None:
     assert portable is not None and fast is not None and not portable.simd
     w = MAKERS["int4-g32-bf16"](torch.randn(20, 64))
     x = torch.randn(3, 64)
-    xx = x.view(3, 32, 2, 1).expand(3, 32, 2, 4).reshape(3, 256)
-    xg = x.view(3, 2, 32).sum(-1)
+    reference = x.double() @ w.dequantize(torch.float64).T
     outs = []
     for lib in (portable, fast):
-        out = torch.empty(3, 24)
-        lib.q4_gemv(w, x, xx, xg, out)
+        # x as it is in each activation dtype; the output's 20 rows are not a multiple of 8.
+        for x_dtype in (torch.float32, torch.bfloat16, torch.float16):
+            x_in = x.to(x_dtype)
+            out = torch.full((3, 20), float("nan"))
+            lib.q4_gemv(w, x_in, out)
+            expect = x_in.double() @ w.dequantize(torch.float64).T
+            assert torch.allclose(out.double(), expect, rtol=1e-4, atol=1e-4), (lib, x_dtype)
+        out = torch.empty(3, 20)
+        lib.q4_gemv(w, x, out)
         w_KR = torch.empty(64, 24)
         lib.q4_dequant(w, 0, 3, w_KR)
-        outs.append((out[:, :20], w_KR[:, :20]))
+        outs.append((out, w_KR[:, :20]))
     assert torch.allclose(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(outs[1][0].double(), reference, rtol=1e-4, atol=1e-4)
     assert torch.equal(outs[0][1], outs[1][1])
     assert torch.equal(outs[0][1].T, w.dequantize())
 
@@ -154,18 +161,31 @@ def test_dense_half_gemv_matches_reference(dtype: torch.dtype) -> None:
     big = torch.randn(1030, 520).to(dtype)
     w = big[:, :515]  # K with a tail past 32 and 8, and a row stride that is not K
     assert w.numel() >= gemv.DENSE_MIN_ELEMENTS
-    for rows in (1, 2, 8):
+    x = torch.randn(1, 1, 515).to(dtype)
+    assert route(x, w) == "cpu-dense-gemv"
+    b = torch.randn(1030).to(dtype)
+    assert_close_to_reference(linear(x, w, b), x, w.double(), b)
+    for rows in (2, 9):  # torch's GEMM is as fast or faster from two rows on
         x = torch.randn(rows, 515).to(dtype)
-        assert route(x, w) == "cpu-dense-gemv"
-        b = torch.randn(1030).to(dtype)
-        assert_close_to_reference(linear(x, w, b), x, w.double(), b)
-    x = torch.randn(9, 515).to(dtype)
-    assert route(x, w) == "aten"
-    assert torch.equal(linear(x, w), F.linear(x, w))
+        assert route(x, w) == "aten"
+        assert torch.equal(linear(x, w), F.linear(x, w))
     assert route(torch.randn(1, 1030, dtype=dtype), big.T) == "aten"  # column stride
     small = torch.randn(512, 512).to(dtype)  # torch's own call is faster at M = 1 here
     assert route(torch.randn(1, 512, dtype=dtype), small) == "aten"
-    assert route(torch.randn(2, 512, dtype=dtype), small) == "cpu-dense-gemv"
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+def test_dense_kernel_tiles_match_reference(rows: int) -> None:
+    """Every tile shape of the kernel (4 or 2 weight rows against up to 4 rows of x, the odd
+    weight row left over, the K tail past 8) against float64."""
+    cpu = gemv_cpu.kernels()
+    assert cpu is not None
+    w = torch.randn(1031, 523).bfloat16()[:, :515]
+    x = torch.randn(rows, 515)
+    out = torch.full((rows, 1031), float("nan"))
+    cpu.dense_gemv(w, x, out)
+    assert_close_to_reference(out, x, w.double())
     assert route(torch.randn(1, 16), torch.randn(5, 16)) == "aten"
 
 

@@ -16,9 +16,9 @@ QuantizedWeight        CPU             ``cpu-q4-gemv``: fused       ``cpu-q4-chu
                                                                     (C), then ``mm``
 QuantizedWeight        CUDA + Triton   ``triton-q4-gemv``           ``torch-q4-chunked``
 QuantizedWeight        other / traced  ``torch-q4-chunked``         ``torch-q4-chunked``
-bfloat16 / float16     CPU             ``cpu-dense-gemv``: rows     ``aten`` (``F.linear``)
-(``DENSE_MIN_ELEMENTS``                upcast in registers (C)
-and more)
+bfloat16 / float16     CPU             one row: ``cpu-dense-gemv``, ``aten`` (``F.linear``)
+(``DENSE_MIN_ELEMENTS``                upcast in registers (C);
+and more)                              2 or more: ``aten``
 anything else          any             ``aten``                     ``aten``
 =====================  ==============  ===========================  =========================
 
@@ -122,9 +122,11 @@ def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
         return "aten"
     dense_half = weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1
     # Below this many weight elements torch's own call is faster than ours plus its ~50 us of
-    # Python (measured: 512 x 512 at M = 1 lost 0.9x; at M = 2, and 1024 x 512, won 1.2x).
-    big = weight.numel() >= (DENSE_MIN_ELEMENTS if rows == 1 else DENSE_MIN_ELEMENTS // 2)
-    if gemv and big and dense_half and weight.device.type == "cpu" and x.dtype == weight.dtype:
+    # Python (measured: 512 x 512 at M = 1 lost 0.9x). With two or more rows of x torch's
+    # GEMM converts the weight once for all rows and was measured 0.8 to 1.4 times ours (4096
+    # x 4096, 4096 x 1024): only single rows take the C kernel.
+    big = weight.numel() >= DENSE_MIN_ELEMENTS
+    if rows == 1 and big and dense_half and weight.device.type == "cpu" and x.dtype == weight.dtype:
         if plain and gemv_cpu.kernels() is not None:
             return "cpu-dense-gemv"
     return "aten"
@@ -221,12 +223,15 @@ def _quantized(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
             f"x.dtype={x.dtype}; expected one of {list(_ACT_DTYPES)} with a quantized weight; "
             f"convert x with x.float()"
         )
-    x_MK = x.reshape(-1, k).float().contiguous()
     name = route(x, w)
+    if name == "cpu-q4-gemv" and x.numel():
+        # The kernel reads x in its own dtype: no conversion on the decode step's path.
+        out_MN = torch.empty(x.numel() // k, n)
+        _cpu().q4_gemv(w, x.reshape(-1, k).contiguous(), out_MN)
+        return _finish(out_MN, x, bias)
+    x_MK = x.reshape(-1, k).float().contiguous()
     if x_MK.shape[0] == 0:
         out_MN = x_MK.new_empty((0, n))
-    elif name == "cpu-q4-gemv":
-        out_MN = _cpu_gemv(x_MK, w)
     elif name == "cpu-q4-chunked":
         out_MN = _cpu_chunked(x_MK, w)
     elif name == "triton-q4-gemv":
@@ -236,20 +241,6 @@ def _quantized(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
     else:
         out_MN = _torch_chunked(x_MK, w)
     return _finish(out_MN, x, bias)
-
-
-def _cpu_gemv(x_MK: Tensor, w: QuantizedWeight) -> Tensor:
-    cpu = _cpu()
-    m, k = x_MK.shape
-    # Each pair of x's elements spread to [x0 x0 x0 x0 x1 x1 x1 x1]: the kernel's lanes hold
-    # four rows of the weight for each of two columns.
-    xx_MK4 = x_MK.view(m, k // 2, 2, 1).expand(m, k // 2, 2, 4).reshape(m, 4 * k)
-    xg_MG = None
-    if w.zeros is not None:
-        xg_MG = x_MK.view(m, k // w.block_size, w.block_size).sum(-1)
-    out_MN8 = torch.empty(m, 8 * w.codes.shape[0])
-    cpu.q4_gemv(w, x_MK, xx_MK4, xg_MG, out_MN8)
-    return out_MN8[:, : w.out_features]
 
 
 def _chunk_rows(w: QuantizedWeight) -> int:

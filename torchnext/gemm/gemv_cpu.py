@@ -1,11 +1,13 @@
 """The CPU kernels of the decode GEMV: C source, built once per machine, called through ctypes.
 
 When to use: through :func:`torchnext.gemm.gemv.linear`; call :func:`kernels` directly only to
-test or benchmark them. Three kernels, all over row-major ``x`` in float32:
+test or benchmark them. Three kernels over row-major ``x``:
 
-- ``q4_gemv``: ``out = x @ W.T`` for a 4-bit weight in the ``blocked8`` layout (:mod:`torchnext.gemm.gemv_cpu_source`), the
-  dequantization fused into the reduction: codes become floats in registers, 32 at a time,
-  and no weight row is ever written out. M (rows of ``x``) is 1..8.
+- ``q4_gemv``: ``out = x @ W.T`` for a 4-bit weight in the ``blocked8`` layout
+  (:mod:`torchnext.gemm.gemv_cpu_source`), the dequantization fused into the reduction:
+  codes become floats in registers, 32 at a time, and no weight row is ever written out.
+  M (rows of ``x``) is 1..8; ``x`` is read in its own 16- or 32-bit dtype, ``out`` is
+  float32 ``[M, N]``.
 - ``q4_dequant``: the same weight's rows ``8*b0 .. 8*b1`` as float32 ``[K, R]`` (W.T's
   columns), for the GEMM path, which dequantizes one chunk of rows at a time.
 - ``dense_gemv``: ``out = x @ W.T`` for a bfloat16 / float16 ``[N, K]`` weight as it is,
@@ -71,25 +73,20 @@ class CpuKernels:
         bits = w.value_bits()
         return [w.codes.data_ptr(), w.scale_kind, w.scales.data_ptr(), zeros, bits.data_ptr()]
 
-    def q4_gemv(
-        self,
-        w: QuantizedWeight,
-        x_MK: torch.Tensor,
-        xx_MK4: torch.Tensor,
-        xg_MG: torch.Tensor | None,
-        out_MN8: torch.Tensor,
-    ) -> None:
-        """``out_MN8 = x_MK @ W.T`` for a ``blocked8`` weight (``N8 = 8 * B``; padded rows 0).
+    def q4_gemv(self, w: QuantizedWeight, x_MK: torch.Tensor, out_MN: torch.Tensor) -> None:
+        """``out_MN = x_MK @ W.T`` for a ``blocked8`` weight: ``x_MK`` contiguous bfloat16,
+        float16 or float32 (read as it is), ``out_MN`` contiguous float32 ``[M, N]``.
 
-        ``xx_MK4`` is ``x_MK`` with each pair of elements spread to ``[x0 x0 x0 x0 x1 x1 x1
-        x1]`` (the lanes hold four weight rows for each of two columns); ``xg_MG`` holds the
-        sums of ``x_MK`` over each group (for the zero points; ``None`` without them).
+        Raises ``MemoryError`` when the kernel's scratch (``16 M K`` bytes) cannot be allocated.
         """
         m, k = x_MK.shape
-        xg = None if xg_MG is None else xg_MG.data_ptr()
-        head = [m, w.codes.shape[0], k, w.block_size]
-        tail = [w.out_scale, x_MK.data_ptr(), xx_MK4.data_ptr(), xg, out_MN8.data_ptr()]
-        self._lib.tn_q4_gemv(*head, *self._weight_args(w), *tail, torch.get_num_threads())
+        head = [m, w.codes.shape[0], w.out_features, k, w.block_size]
+        tail = [w.out_scale, x_MK.data_ptr(), SCALE_KINDS[x_MK.dtype], out_MN.data_ptr()]
+        if self._lib.tn_q4_gemv(*head, *self._weight_args(w), *tail, torch.get_num_threads()):
+            raise MemoryError(
+                f"q4_gemv: no memory for the kernel's scratch of x ({16 * m * k} bytes for "
+                f"x_MK of shape {tuple(x_MK.shape)}); free memory or call with fewer rows"
+            )
 
     def q4_dequant(self, w: QuantizedWeight, b0: int, b1: int, w_KR: torch.Tensor) -> None:
         """``w_KR[:, r] = W[8 * b0 + r, :]`` in float32 for the ``R = 8 * (b1 - b0)`` rows."""
@@ -177,13 +174,14 @@ def _load(path: Path) -> CpuKernels:
     i64, ptr, c_int, c_float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.tn_simd.argtypes, lib.tn_simd.restype = [], c_int
     lib.tn_q4_gemv.argtypes = [
-        *(i64, i64, i64, i64, ptr, c_int, ptr, ptr, ptr, c_float, ptr, ptr, ptr, ptr, c_int)
+        *(i64, i64, i64, i64, i64, ptr, c_int, ptr, ptr, ptr, c_float, ptr, c_int, ptr, c_int)
     ]
     lib.tn_q4_dequant.argtypes = [
         *(i64, i64, i64, i64, ptr, c_int, ptr, ptr, ptr, c_float, ptr, c_int)
     ]
     lib.tn_dense_gemv.argtypes = [i64, i64, i64, ptr, i64, c_int, ptr, ptr, c_int]
-    for fn in (lib.tn_q4_gemv, lib.tn_q4_dequant, lib.tn_dense_gemv):
+    lib.tn_q4_gemv.restype = c_int
+    for fn in (lib.tn_q4_dequant, lib.tn_dense_gemv):
         fn.restype = None
     return CpuKernels(path, bool(lib.tn_simd()), lib)
 
