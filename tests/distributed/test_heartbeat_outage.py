@@ -98,3 +98,75 @@ def test_after_an_outage_a_dead_peer_is_suspected_early_and_a_late_live_peer_is_
     # Suspected once the rest of the timeout past the stall allowance ran out after the
     # store came back (0.5 s here), not a whole timeout (1 s) later.
     assert 0.3 < after < 0.9, after
+
+
+def test_during_an_outage_a_host_silent_on_datagrams_is_suspected_before_the_store_returns() -> (
+    None
+):
+    """The etcd leader's host dies with its members: the store is away for longer than the
+    timeout. Peers' beacons still reach this member's monitor; the dead one's stop. It is
+    suspected a timeout after its last datagram, while the store is still away, and the
+    live peer (another host, still heard) is not."""
+    from torchnext.distributed.group.beacon import Beacon
+    from torchnext.distributed.group.membership import ProcessRecord
+
+    store, keys = SwitchedStore(), Keys("beacons")
+    suspected: dict[str, float] = {}
+    seen = threading.Event()
+
+    def on_suspects(members: list[str], reason: str) -> None:
+        for m in members:
+            suspected.setdefault(m, time.monotonic())
+        assert "datagram" in reason
+        seen.set()
+
+    peers = {
+        m: Beacon(
+            tag=keys.root,
+            member=m,
+            interval=CONFIG.heartbeat_interval,
+            stall_allowance=timedelta(milliseconds=500),
+            ip="127.0.0.1",
+        )  # fmt: skip
+        for m in ("live", "dead")
+    }
+    for m, host in (("live", "hostL"), ("dead", "hostD")):
+        peers[m].start()
+        store.inner.set(keys.heartbeat(m), "0")
+        store.inner.set(keys.process(m), ProcessRecord(host, 1, 0, peers[m].address).encode())
+    monitor = Monitor(store, keys, "a", CONFIG)
+    stop = threading.Event()
+
+    def live_store_beats() -> None:
+        n = 0
+        while not stop.wait(0.05):
+            if not store.down.is_set():
+                n += 1
+                store.inner.set(keys.heartbeat("live"), str(n))
+
+    beater = threading.Thread(target=live_store_beats, daemon=True)
+    beater.start()
+    assert monitor.beacon_address == ""  # no socket before start
+    monitor.start()
+    assert ProcessRecord.decode(store.inner.get(keys.process("a"))).beacon
+    for beacon in peers.values():
+        beacon.set_peers({"a": ("hostA", monitor.beacon_address)})
+    monitor.set_watch(Watch(0, ("a", "live", "dead"), {}, on_suspects, lambda epoch: None))
+    try:
+        time.sleep(0.5)  # the monitor reads the records and hears both beacons
+        store.down.set()  # the store's host (with "dead") goes silent
+        fault = time.monotonic()
+        peers["dead"].stop()
+        assert seen.wait(3.0), "the silent host was never suspected during the outage"
+        still_down = store.down.is_set()
+        time.sleep(0.3)
+    finally:
+        store.down.clear()
+        stop.set()
+        monitor.stop()
+        peers["live"].stop()
+        beater.join(timeout=5)
+    assert still_down
+    assert set(suspected) == {"dead"}, suspected
+    after = suspected["dead"] - fault
+    assert 0.9 < after < 1.6, after  # TIMEOUT (1 s) after its last datagram

@@ -67,6 +67,12 @@ class GroupConfig:
     probe_local_pids: bool = True
     """Members on the same host check each other's process state (``/proc``), so a
     SIGKILLed local peer is detected at once rather than after ``heartbeat_timeout``."""
+    beacons: bool = True
+    """Members also send each other a UDP heartbeat datagram every ``heartbeat_interval``
+    (:mod:`~torchnext.distributed.group.beacon`), judged only while the store does not
+    answer: a host that went down with the store (the etcd leader's) is then suspected a
+    heartbeat timeout after it fell silent, not after the store's recovery. Needs UDP
+    between hosts on any port; where it is blocked nothing changes but that case."""
     validate: bool = False
     """Debug mode: before each collective, members exchange the op name, shapes and
     dtypes and raise :class:`~torchnext.errors.CollectiveMismatchError` on a mismatch

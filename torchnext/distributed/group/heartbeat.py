@@ -49,11 +49,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from torchnext.distributed.group.beacon import Beacon, advertised_ip
 from torchnext.distributed.group.config import GroupConfig
 from torchnext.distributed.group.membership import Keys, Membership, ProcessRecord, probe_process
+from torchnext.distributed.group.monitor_bounds import (
+    gap_allowance_s,
+    monitor_call_timeout,
+    store_lost_error,
+    waits_cheaply,
+)
 from torchnext.errors import StoreLostError
 
-__all__ = ["Monitor", "Watch", "monitor_call_timeout", "store_lost_error"]
+__all__ = ["Monitor", "Watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,33 +68,8 @@ _HOST_SIBLING_FRACTION = 0.5
 """A member silent for this fraction of ``heartbeat_timeout`` fails with a host sibling
 that is silent for all of it (a live member is silent for about one heartbeat interval)."""
 
-_READ_SLACK_S = 0.1
 _REVOKE_WAIT_SLICE = timedelta(milliseconds=500)
 """How long one wait for a revoke key lasts before it is re-armed (on a new epoch's key)."""
-
-
-def _waits_cheaply(store: Any) -> bool:
-    """Whether waiting on ``store`` costs the server little (etcd watches), so a revoke is
-    better waited for than polled."""
-    return str(getattr(store, "url", "") or "").startswith("etcd://")
-
-
-def _gap_allowance_s(config: GroupConfig) -> float:
-    """How long a gap between two reads of the counters counts in full; the rest is credit.
-
-    At least a heartbeat interval and a poll (a normal gap), and half the heartbeat
-    timeout: a stall that every member shared (a store that paused, an etcd member that
-    died and had its clients fail over) delays live peers' beats as much as this
-    monitor's reads, so after it a live peer shows at most this much silence plus an
-    interval, well under the timeout; while a peer that died when the stall began is
-    still suspected half a timeout after it ends, not a whole one.
-    """
-    normal = (
-        config.heartbeat_interval.total_seconds()
-        + config.poll_interval.total_seconds()
-        + _READ_SLACK_S
-    )
-    return max(normal, config.heartbeat_timeout.total_seconds() * 0.5)
 
 
 @dataclass
@@ -106,42 +88,6 @@ class Watch:
     """Called once with the decision that ended ``epoch`` without this member."""
     on_store_lost: Callable[[StoreLostError], None] | None = None
     """Called once when the store has not answered for ``store_timeout``."""
-
-
-def monitor_call_timeout(config: GroupConfig) -> timedelta:
-    """The bound on each of the monitor's store calls: about one heartbeat timeout.
-
-    Short, so a silent store is noticed (and its outage timed) while heartbeats still
-    matter; never above ``store_timeout``, nor below a second (a loaded store host may
-    take that long to answer, and a call that fails only starts an outage).
-    """
-    return min(config.store_timeout, max(config.heartbeat_timeout, timedelta(seconds=1)))
-
-
-def store_lost_error(
-    store: Any, silent_for: timedelta, last_error: BaseException
-) -> StoreLostError:
-    """The error of a member whose store has not answered for ``silent_for``."""
-    url = str(getattr(store, "url", "") or "")
-    if url.startswith("etcd://"):
-        where = f"the etcd cluster {url}"
-        fix = (
-            "No member with quorum answered: bring a majority of the cluster's members "
-            "back (a 3-member cluster survives losing one)."
-        )
-    else:
-        host, port = getattr(store, "host", None), getattr(store, "port", None)
-        where = f"the TCP store at {host}:{port}" if host is not None else type(store).__name__
-        fix = (
-            "A TCP store lives on one host (node 0's agent): if that host is down the job "
-            "is lost. To survive losing any one host, keep the store on an etcd cluster: "
-            "torchnext run --store etcd://h1:2379,h2:2379,h3:2379/JOB."
-        )
-    first = str(last_error).splitlines()[0] if str(last_error) else type(last_error).__name__
-    return StoreLostError(
-        f"{where} has not answered for over {silent_for} (last error: {first}); its host "
-        f"may be down, or this host cut off from it. {fix}"
-    )
 
 
 class Monitor:
@@ -187,13 +133,34 @@ class Monitor:
             store.set_timeout(monitor_call_timeout(config))
         except (AttributeError, RuntimeError):
             pass  # a store without set_timeout keeps its own bounds
+        self._beacon: Beacon | None = None
+        self._beacon_refresh_at = 0.0
+        if config.beacons:
+            allowance = timedelta(seconds=gap_allowance_s(config))
+            self._beacon = Beacon(
+                tag=keys.root,
+                member=member_id,
+                interval=config.heartbeat_interval,
+                stall_allowance=allowance,
+                ip=advertised_ip(store),
+            )
+            self._beacon.on_look = self._judge_by_beacon
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        if self._beacon is not None:
+            try:
+                self._beacon.start()
+            except OSError as exc:
+                logger.warning("%s: no heartbeat datagrams (%s): the store judges", self._me, exc)
+                self._beacon = None
+            else:
+                record = ProcessRecord.current(self._beacon.address)
+                self._store.set(self._keys.process(self._me), record.encode())
         self._beat()
         self._last_ok = time.monotonic()
-        if _waits_cheaply(self._store):
+        if waits_cheaply(self._store):
             self._waiter = threading.Thread(
                 target=self._wait_for_revokes, name=f"torchnext-ft-revokes-{self._me}", daemon=True
             )
@@ -206,6 +173,8 @@ class Monitor:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        if self._beacon is not None:
+            self._beacon.stop()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(1.0, 3 * self._config.poll_interval.total_seconds()))
@@ -228,6 +197,11 @@ class Monitor:
         self._housekeeping.append(fn)
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def beacon_address(self) -> str:
+        """``ip:port`` of this member's heartbeat datagrams; empty without them."""
+        return "" if self._beacon is None else self._beacon.address
 
     def silence_s(self, member: str) -> float:
         """How long ``member``'s counter has not moved, as of this monitor's last read."""
@@ -382,7 +356,7 @@ class Monitor:
             logger.info("%s: the store answers again after an outage", self._me)
             self._outage = None
             self._observed_at = None
-            shown = self._last_ok - _gap_allowance_s(self._config)
+            shown = self._last_ok - gap_allowance_s(self._config)
             self._changed_at = dict.fromkeys(self._changed_at, shown)
 
     def _store_failed(self, exc: BaseException) -> bool:
@@ -452,7 +426,7 @@ class Monitor:
         now = time.monotonic()
         credit = 0.0
         if self._observed_at is not None:
-            credit = max(0.0, (now - self._observed_at) - _gap_allowance_s(self._config))
+            credit = max(0.0, (now - self._observed_at) - gap_allowance_s(self._config))
         for m, v in zip(peers, values, strict=True):
             if self._counts.get(m) != v:
                 if m in self._counts and self._observed_at is not None:
@@ -517,18 +491,54 @@ class Monitor:
             if self._left_out(watch):
                 return
             watch.on_stale(latest)
+        self._update_beacon(watch)
         failed: list[str] = []
         reasons: list[str] = []
         for m in watch.members:
-            if (watch.epoch, m) in self._reported:
-                continue
             why = self.failure_of(m)
-            if why is not None:
-                self._reported.add((watch.epoch, m))
+            if why is not None and self._first_report(watch.epoch, m):
                 failed.append(m)
                 reasons.append(f"{m}: {why}")
         if failed:
             watch.on_suspects(failed, "; ".join(reasons))
+
+    def _first_report(self, epoch: int, member: str) -> bool:
+        """True the first time ``member`` is reported failed in ``epoch`` (by either judge)."""
+        with self._lock:
+            new = (epoch, member) not in self._reported
+            self._reported.add((epoch, member))
+        return new
+
+    def _update_beacon(self, watch: Watch) -> None:
+        """Tell the beacon where the members listen (their records; one without a beacon
+        address, written before its monitor started, is read again every few seconds)."""
+        if self._beacon is None:
+            return
+        now = time.monotonic()
+        if now >= self._beacon_refresh_at:
+            self._beacon_refresh_at = now + 5 * self._config.heartbeat_timeout.total_seconds()
+            for m in watch.members:
+                if m != self._me and not getattr(self._records.get(m), "beacon", "-"):
+                    self._records.pop(m, None)
+        records = {m: self._record(m) for m in watch.members if m != self._me}
+        self._beacon.set_peers(
+            {m: (r.host, r.beacon) for m, r in records.items() if r and r.beacon}
+        )
+
+    def _judge_by_beacon(self) -> None:
+        """On the beacon's thread: while the store has not answered for longer than a stall,
+        a member heard before and silent since for a heartbeat timeout has failed."""
+        watch, beacon = self._watch, self._beacon
+        if watch is None or beacon is None or self._stop.is_set():
+            return
+        if time.monotonic() - self._last_ok <= gap_allowance_s(self._config):
+            return  # the store answers: its counters judge
+        timeout = self._config.heartbeat_timeout
+        silent = beacon.silent(list(watch.members), timeout, socket.gethostname())
+        failed = [m for m in silent if self._first_report(watch.epoch, m)]
+        if failed:  # the revoke's store call may block: never on the beacon's thread
+            args = (failed, beacon.reason(failed, timeout))
+            threading.Thread(target=watch.on_suspects, args=args, daemon=True).start()
 
     def _left_out(self, watch: Watch) -> bool:
         """True when the decision that ended ``watch.epoch`` evicted this member (told once)."""

@@ -140,25 +140,31 @@ def natural_key(member: str) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class ProcessRecord:
-    """Where a member runs, so same-host peers can probe it without the network."""
+    """Where a member runs, so same-host peers can probe it without the network, and where
+    its heartbeat datagrams are heard (``beacon``, ``ip:port``; empty without them)."""
 
     host: str
     pid: int
     start_ticks: int
+    beacon: str = ""
 
     @staticmethod
-    def current() -> ProcessRecord:
+    def current(beacon: str = "") -> ProcessRecord:
         pid = os.getpid()
-        return ProcessRecord(socket.gethostname(), pid, _start_ticks(pid))
+        return ProcessRecord(socket.gethostname(), pid, _start_ticks(pid), beacon)
 
     def encode(self) -> str:
-        return f"{self.host}|{self.pid}|{self.start_ticks}"
+        # Host names hold neither '|' nor '@'; a record without a beacon reads as before.
+        return f"{self.host}|{self.pid}|{self.start_ticks}" + (
+            f"@{self.beacon}" if self.beacon else ""
+        )
 
     @staticmethod
     def decode(raw: bytes | str) -> ProcessRecord:
         text = raw.decode() if isinstance(raw, bytes) else raw
+        text, _, beacon = text.partition("@")
         host, pid, ticks = text.rsplit("|", 2)
-        return ProcessRecord(host, int(pid), int(ticks))
+        return ProcessRecord(host, int(pid), int(ticks), beacon)
 
 
 def _stat_fields(pid: int) -> list[str] | None:
