@@ -170,3 +170,61 @@ def test_during_an_outage_a_host_silent_on_datagrams_is_suspected_before_the_sto
     assert set(suspected) == {"dead"}, suspected
     after = suspected["dead"] - fault
     assert 0.9 < after < 1.6, after  # TIMEOUT (1 s) after its last datagram
+
+
+class _StoreAway:
+    """A monitor whose store has not answered (as the revoker asks it)."""
+
+    def store_answering(self) -> bool:
+        return False
+
+    def failed_members(self, members: tuple[str, ...]) -> list[str]:
+        return []
+
+
+class _LeaderlessStore:
+    """A store whose calls wait until it is back (an etcd client retrying until a new
+    leader is elected)."""
+
+    def __init__(self) -> None:
+        self.inner = dist.HashStore()
+        self.back = threading.Event()
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        if not self.back.wait(10):
+            raise RuntimeError("store still away after 10 s (test)")
+        return bytes(self.inner.compare_set(key, expected, desired))
+
+
+def test_a_suspicion_while_the_store_is_away_stops_ops_before_it_is_published() -> None:
+    """Publishing the revoke waits for the store; the member's own ops stop at once."""
+    from torchnext.distributed.group.epoch import Epoch
+    from torchnext.distributed.group.revoke import Revoker
+
+    store, keys = _LeaderlessStore(), Keys("away")
+    monitor: Any = _StoreAway()
+    revoker = Revoker(store, keys, monitor, member_id="a", name="g", backend="gloo")
+    seen: list[str] = []
+    revoked_here = threading.Event()
+
+    def on_revoke(error: BaseException) -> None:
+        seen.append(str(error))
+        revoked_here.set()
+
+    revoker.callbacks.append(on_revoke)
+    epoch = Epoch(3, ("a", "b"), 0)
+    why = "b: unresponsive: no heartbeat datagram"
+    thread = threading.Thread(
+        target=revoker.suspected, args=(epoch, epoch, ["b"], why), daemon=True
+    )
+    thread.start()
+    try:
+        assert revoked_here.wait(5), "the epoch was not revoked while the store was away"
+        assert thread.is_alive()  # still waiting to publish
+        assert epoch.revoked is not None and epoch.revoked.suspects == (1,)
+        assert "no heartbeat datagram" in seen[0]
+    finally:
+        store.back.set()
+        thread.join(timeout=10)
+    published = store.inner.get(keys.revoked(3, ""))
+    assert b"no heartbeat datagram" in published and len(seen) == 1

@@ -203,6 +203,10 @@ class Monitor:
         """``ip:port`` of this member's heartbeat datagrams; empty without them."""
         return "" if self._beacon is None else self._beacon.address
 
+    def store_answering(self) -> bool:
+        """False once the store has not answered this monitor for longer than a stall."""
+        return time.monotonic() - self._last_ok <= gap_allowance_s(self._config)
+
     def silence_s(self, member: str) -> float:
         """How long ``member``'s counter has not moved, as of this monitor's last read."""
         changed, observed = self._changed_at.get(member), self._observed_at
@@ -531,7 +535,7 @@ class Monitor:
         watch, beacon = self._watch, self._beacon
         if watch is None or beacon is None or self._stop.is_set():
             return
-        if time.monotonic() - self._last_ok <= gap_allowance_s(self._config):
+        if self.store_answering():
             return  # the store answers: its counters judge
         timeout = self._config.heartbeat_timeout
         silent = beacon.silent(list(watch.members), timeout, socket.gethostname())

@@ -47,11 +47,17 @@ class Revoker:
         self.last_error: BaseException | None = None
         """The last local op failure, if any (``FaultTolerantGroup.errored``)."""
 
-    def revoke(self, epoch: Epoch, reason: str, suspects: Sequence[str]) -> CommRevokedError:
-        """Publish the revoke of ``epoch`` (first reason wins) and apply it here."""
+    def revoke(
+        self, epoch: Epoch, reason: str, suspects: Sequence[str], *, local_first: bool = False
+    ) -> CommRevokedError:
+        """Publish the revoke of ``epoch`` (first reason wins) and apply it here; with
+        ``local_first``, apply it here before publishing (the store is away: ops stop now,
+        and the revoke is published once the store takes it)."""
         if epoch.revoked is not None:
             return epoch.revoked
         payload = revoke_payload(reason, list(suspects), self.member_id)
+        if local_first:
+            self.mark(epoch, payload)
         key = self.keys.revoked(epoch.number, epoch.sub)
         try:
             winner = self.store.compare_set(key, "", payload)
@@ -108,7 +114,11 @@ class Revoker:
     def suspected(self, epoch: Epoch, current: Epoch, failed: list[str], why: str) -> None:
         """The failure detector suspects ``failed`` while ``current`` is the group's epoch."""
         if epoch.revoked is None and epoch is current:
-            self.revoke(epoch, f"failure detected by {self.member_id}: {why}", failed)
+            # While the store does not answer the suspicion came from heartbeat datagrams:
+            # publishing waits for the store, stopping this member's ops must not.
+            away = not self.monitor.store_answering()
+            reason = f"failure detected by {self.member_id}: {why}"
+            self.revoke(epoch, reason, failed, local_first=away)
 
     def superseded(self, epoch: Epoch, current: Epoch, latest: int) -> None:
         """The group moved on to epoch ``latest`` without this member."""
