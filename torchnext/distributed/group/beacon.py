@@ -8,10 +8,12 @@ monotonic clock. The address travels in the member's process record in the store
 When it is used: the heartbeat monitor (:mod:`torchnext.distributed.group.heartbeat`) judges
 liveness from the store's counters. While the store does not answer (its host, or the etcd
 leader's host, went down with the members on it), those counters cannot move for anyone, and
-the monitor credits that time to everyone. The beacon is what still tells a dead host from a
-live one then: :meth:`Beacon.silent` names the peers heard before and silent for over the
-timeout, so a host that died with the store is suspected a heartbeat timeout after its last
-datagram instead of after the store's recovery plus half a timeout.
+the monitor credits that time to everyone, also once the store is back. The beacon is what
+still tells a dead host from a live one then: :meth:`Beacon.silent` names the peers heard
+before and silent for over the timeout, so a host that died with the store is suspected a
+heartbeat timeout after its last datagram instead of after the store's recovery plus half a
+timeout. The monitor acts on it only while the store is away or the counters also show the
+peer silent for a few beats.
 
 What not to assume:
 - Datagrams can be dropped (a firewall between hosts, a full buffer). A peer never heard is
@@ -141,8 +143,8 @@ class Beacon:
     def reason(failed: list[str], timeout: timedelta) -> str:
         """What a revoke says of members :meth:`silent` named."""
         return "; ".join(
-            f"{m}: unresponsive: no heartbeat datagram for over {timeout} while the store "
-            "did not answer"
+            f"{m}: unresponsive: no heartbeat datagram for over {timeout}, and the store "
+            "did not answer or showed no beat either"
             for m in failed
         )
 

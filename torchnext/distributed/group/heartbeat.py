@@ -55,6 +55,7 @@ from torchnext.distributed.group.membership import Keys, Membership, ProcessReco
 from torchnext.distributed.group.monitor_bounds import (
     gap_allowance_s,
     monitor_call_timeout,
+    normal_gap_s,
     store_lost_error,
     waits_cheaply,
 )
@@ -530,15 +531,23 @@ class Monitor:
         )
 
     def _judge_by_beacon(self) -> None:
-        """On the beacon's thread: while the store has not answered for longer than a stall,
-        a member heard before and silent since for a heartbeat timeout has failed."""
+        """On the beacon's thread: a member heard before and silent since on datagrams for a
+        heartbeat timeout has failed, while the store has not answered for longer than a
+        stall, or while the store's counters also show it silent for more than a few beats.
+
+        The second case is the store's return after an outage: the counters then show the
+        member only the stall allowance of silence (what the monitor could not watch is
+        credited), while its datagrams tell how long it has really been gone. A live member
+        whose datagrams are lost is never behind on the counters as well, so it is left to
+        them."""
         watch, beacon = self._watch, self._beacon
         if watch is None or beacon is None or self._stop.is_set():
             return
-        if self.store_answering():
-            return  # the store answers: its counters judge
         timeout = self._config.heartbeat_timeout
         silent = beacon.silent(list(watch.members), timeout, socket.gethostname())
+        if silent and self.store_answering():
+            lag_s = max(normal_gap_s(self._config), timeout.total_seconds() / 4)
+            silent = [m for m in silent if self.silence_s(m) > lag_s]
         failed = [m for m in silent if self._first_report(watch.epoch, m)]
         if failed:  # the revoke's store call may block: never on the beacon's thread
             args = (failed, beacon.reason(failed, timeout))

@@ -20,7 +20,13 @@ from typing import Any
 from torchnext.distributed.group.config import GroupConfig
 from torchnext.errors import StoreLostError
 
-__all__ = ["gap_allowance_s", "monitor_call_timeout", "store_lost_error", "waits_cheaply"]
+__all__ = [
+    "gap_allowance_s",
+    "monitor_call_timeout",
+    "normal_gap_s",
+    "store_lost_error",
+    "waits_cheaply",
+]
 
 _READ_SLACK_S = 0.1
 """Scheduling slack on top of a heartbeat interval and a poll, in a normal gap between reads."""
@@ -30,6 +36,16 @@ def waits_cheaply(store: Any) -> bool:
     """Whether waiting on ``store`` costs the server little (etcd watches), so a revoke is
     better waited for than polled."""
     return str(getattr(store, "url", "") or "").startswith("etcd://")
+
+
+def normal_gap_s(config: GroupConfig) -> float:
+    """The longest gap between two reads of the counters on a machine that is not stalled:
+    a heartbeat interval, a poll and scheduling slack."""
+    return (
+        config.heartbeat_interval.total_seconds()
+        + config.poll_interval.total_seconds()
+        + _READ_SLACK_S
+    )
 
 
 def gap_allowance_s(config: GroupConfig) -> float:
@@ -42,12 +58,7 @@ def gap_allowance_s(config: GroupConfig) -> float:
     interval, well under the timeout; while a peer that died when the stall began is
     still suspected half a timeout after it ends, not a whole one.
     """
-    normal = (
-        config.heartbeat_interval.total_seconds()
-        + config.poll_interval.total_seconds()
-        + _READ_SLACK_S
-    )
-    return max(normal, config.heartbeat_timeout.total_seconds() * 0.5)
+    return max(normal_gap_s(config), config.heartbeat_timeout.total_seconds() * 0.5)
 
 
 def monitor_call_timeout(config: GroupConfig) -> timedelta:
