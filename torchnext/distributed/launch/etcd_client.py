@@ -154,6 +154,13 @@ class _NoAnswer(Exception):
         self.sent = sent
 
 
+_PREFERRED: dict[tuple[Endpoint, ...], int] = {}
+"""Per cluster, the member that answered last in this process. Every client of the cluster
+(a store and its clones: the monitor's, the revoker's, the builds') starts there, so a member
+one client found silent is not tried first by the others: each such try costs a request
+timeout, which a revoke or an agreement right after a member's host died would pay again."""
+
+
 class EtcdClient:
     """JSON requests to the members of one etcd cluster (see the module docstring)."""
 
@@ -167,7 +174,6 @@ class EtcdClient:
             )
         self.endpoints = endpoints
         self.request_timeout = request_timeout
-        self._preferred = 0
         self._idle: dict[int, list[http.client.HTTPConnection]] = {
             i: [] for i in range(len(endpoints))
         }
@@ -177,6 +183,14 @@ class EtcdClient:
         """Each member's latest failure, for errors raised before it was tried again."""
         # A store dropped without close() must not leave its sockets to the collector.
         weakref.finalize(self, _close_idle, self._idle)
+
+    @property
+    def _preferred(self) -> int:
+        return _PREFERRED.get(self.endpoints, 0)
+
+    @_preferred.setter
+    def _preferred(self, index: int) -> None:
+        _PREFERRED[self.endpoints] = index  # one dict store: atomic under the GIL
 
     @property
     def preferred(self) -> Endpoint:
