@@ -16,9 +16,10 @@ QuantizedWeight        CPU             ``cpu-q4-gemv``: fused       ``cpu-q4-chu
                                                                     (C), then ``mm``
 QuantizedWeight        CUDA + Triton   ``triton-q4-gemv``           ``torch-q4-chunked``
 QuantizedWeight        other / traced  ``torch-q4-chunked``         ``torch-q4-chunked``
-bfloat16 / float16     CPU             one row: ``cpu-dense-gemv``, ``aten`` (``F.linear``)
-(``DENSE_MIN_ELEMENTS``                upcast in registers (C);
-and more)                              2 or more: ``aten``
+bfloat16 / float16     CPU             ``cpu-dense-gemv``: rows     ``aten`` (``F.linear``)
+(``DENSE_MIN_ELEMENTS``                upcast in registers (C); 2
+and more)                              or more only where torch
+                                       emulates the dtype
 anything else          any             ``aten``                     ``aten``
 =====================  ==============  ===========================  =========================
 
@@ -48,6 +49,7 @@ from torch import Tensor
 
 from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import gemv_cpu
+from torchnext.gemm.grouped_cpu import cpu_upcasts
 from torchnext.gemm.quantized_weight import QuantizedWeight, weight_from_torchao
 
 __all__ = [
@@ -122,12 +124,13 @@ def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
         return "aten"
     dense_half = weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1
     # Below this many weight elements torch's own call is faster than ours plus its ~50 us of
-    # Python (measured: 512 x 512 at M = 1 lost 0.9x). With two or more rows of x torch's
-    # GEMM converts the weight once for all rows and was measured 0.8 to 1.4 times ours (4096
-    # x 4096, 4096 x 1024): only single rows take the C kernel.
-    big = weight.numel() >= DENSE_MIN_ELEMENTS
-    if rows == 1 and big and dense_half and weight.device.type == "cpu" and x.dtype == weight.dtype:
-        if plain and gemv_cpu.kernels() is not None:
+    # Python (measured: 512 x 512 at M = 1 lost 0.9x; at M = 2, and 1024 x 512, won 1.2x).
+    big = weight.numel() >= (DENSE_MIN_ELEMENTS if rows == 1 else DENSE_MIN_ELEMENTS // 2)
+    if gemv and big and dense_half and weight.device.type == "cpu" and x.dtype == weight.dtype:
+        # From two rows on, a CPU with instructions for the dtype (AVX-512 BF16 for
+        # bfloat16) runs torch's GEMM, which converts the weight once for all rows, at 0.8
+        # to 1.4 times our tiles; where torch emulates the dtype the tiles win 2x and more.
+        if plain and gemv_cpu.kernels() is not None and (rows == 1 or cpu_upcasts(x.dtype)):
             return "cpu-dense-gemv"
     return "aten"
 

@@ -328,7 +328,7 @@ _grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _batched(a: Tensor, b: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
     """3-D x 3-D: one ``bmm`` (MKL splits the batch over threads on the CPU)."""
-    wide = a.device.type == "cpu" and a.dtype in _HALF and cpu_upcasts()
+    wide = a.device.type == "cpu" and a.dtype in _HALF and cpu_upcasts(a.dtype)
     if wide or dtype != a.dtype:
         a, b = a.float(), b.float()
     out = torch.bmm(a, b) if bias is None else torch.baddbmm(bias.to(a.dtype)[:, None, :], a, b)

@@ -87,7 +87,7 @@ def grouped_mm_looped(
     """
     mode, shape, dtype, ends = p
     cpu = a.device.type == "cpu"
-    wide = cpu and a.dtype in _HALF and cpu_upcasts()
+    wide = cpu and a.dtype in _HALF and cpu_upcasts(a.dtype)
     threads = torch.get_num_threads() if cpu and threads_are_per_worker() else 1
     used = ends[-1] if ends else 0
     # Multiply-adds: the used extent of the jagged dimension times the two others.
@@ -213,16 +213,18 @@ def _pool() -> ThreadPoolExecutor:
 
 
 @cache
-def cpu_upcasts() -> bool:
-    """Whether float32 GEMM beats bfloat16 GEMM on this CPU (true without bf16 instructions).
+def cpu_upcasts(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether float32 GEMM beats ``dtype`` (bfloat16 or float16) GEMM on this CPU: true
+    where the CPU has no instructions for ``dtype``.
 
-    Measured once: on AVX2 CPUs bfloat16 ``mm`` is emulated and 10-20x slower than
-    converting to float32, which also accumulates in float32 (the same numerics).
+    Measured once per dtype: on AVX2 CPUs bfloat16 ``mm`` is emulated and 10-20x slower than
+    converting to float32, which also accumulates in float32 (the same numerics); an AVX-512
+    CPU with BF16 runs bfloat16 faster than float32, and float16 still emulated.
     """
     import time
 
-    a_MK = torch.ones(64, 256, dtype=torch.bfloat16)  # not randn: leave the user's RNG alone
-    b_KN = torch.ones(256, 256, dtype=torch.bfloat16)
+    a_MK = torch.ones(64, 256, dtype=dtype)  # not randn: leave the user's RNG alone
+    b_KN = torch.ones(256, 256, dtype=dtype)
 
     def best(fn: object) -> float:
         times = []
