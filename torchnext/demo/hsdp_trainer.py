@@ -16,7 +16,7 @@ outer optimizer, and the final record holds the held-out loss of the global para
 
 ``--fault KIND:MEMBER:STEP`` (repeatable) makes the initial process ``MEMBER`` fail at
 the first step from ``STEP`` on that starts with every group present: ``backward``
-(SIGKILL inside backward), ``sync`` (SIGKILL 5 ms into the replicate all-reduce),
+(SIGKILL inside backward), ``sync`` (SIGKILL as the replicate all-reduce starts),
 ``stop`` (SIGSTOP at the step's start). While a group is missing, the survivors wait
 before each step (bounded) until the restarted group waits to join, so every failure
 is followed by a heal within the run, whatever the start-up time of a process.
@@ -32,7 +32,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 import warnings
 from datetime import timedelta
@@ -99,8 +98,10 @@ class _OpClock:
             for d in size:
                 numel *= d
         if self._kill and self.arm and info.op == "allreduce" and numel > 1:
-            # "During" the replicate sync: the op is issued when the signal lands.
-            threading.Timer(0.005, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            # During the replicate sync: the peers are in the all-reduce, this process dies
+            # as it would issue its part. (A timer a few ms later could land after a fast
+            # round had committed on a loaded machine, and the kill then hit the next round.)
+            os.kill(os.getpid(), signal.SIGKILL)
         return self._n
 
     def on_finish(self, token: int, state: str) -> None:
