@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,7 +90,17 @@ def test_bad_arguments_are_named() -> None:
             tag="t", member="a", interval=timedelta(0),
             stall_allowance=timedelta(seconds=1), ip="127.0.0.1",
         )  # fmt: skip
-    assert advertised_ip(object()) != ""
+
+    class LocalStore:
+        host = "127.0.0.1"
+
+    class EtcdOnThisHost:
+        url = "etcd://127.0.0.1:2379,127.0.0.2:2379/job"
+
+    # The address traffic to the store leaves from: loopback for a store on this host.
+    assert advertised_ip(LocalStore()) == "127.0.0.1"
+    assert advertised_ip(EtcdOnThisHost()) == "127.0.0.1"
+    socket.inet_aton(advertised_ip(object()))  # no store host known: still an IPv4 address
 
 
 _CHILD = """

@@ -51,15 +51,25 @@ class SwitchedStore:
         return call
 
 
+class Suspicions:
+    """The watch's ``on_suspects``: when each member was first suspected, and why."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+        self.reasons: list[str] = []
+        self.seen = threading.Event()
+
+    def __call__(self, members: list[str], reason: str) -> None:
+        for m in members:
+            self.at.setdefault(m, time.monotonic())
+        self.reasons.append(reason)
+        self.seen.set()
+
+
 def test_after_an_outage_a_dead_peer_is_suspected_early_and_a_late_live_peer_is_not() -> None:
     store, keys = SwitchedStore(), Keys("outage")
-    suspected: dict[str, float] = {}
-    seen = threading.Event()
-
-    def on_suspects(members: list[str], reason: str) -> None:
-        for m in members:
-            suspected.setdefault(m, time.monotonic())
-        seen.set()
+    on_suspects = Suspicions()
+    suspected, seen = on_suspects.at, on_suspects.seen
 
     monitor = Monitor(store, keys, "a", CONFIG)
     live_pauses = threading.Event()  # set: the live peer's calls fail too
@@ -114,14 +124,8 @@ def test_a_host_silent_with_the_store_is_suspected_a_timeout_after_its_last_data
     from torchnext.distributed.group.membership import ProcessRecord
 
     store, keys = SwitchedStore(), Keys("beacons")
-    suspected: dict[str, float] = {}
-    seen = threading.Event()
-
-    def on_suspects(members: list[str], reason: str) -> None:
-        for m in members:
-            suspected.setdefault(m, time.monotonic())
-        assert "datagram" in reason
-        seen.set()
+    on_suspects = Suspicions()
+    suspected, seen = on_suspects.at, on_suspects.seen
 
     peers = {
         m: Beacon(
@@ -176,6 +180,8 @@ def test_a_host_silent_with_the_store_is_suspected_a_timeout_after_its_last_data
         beater.join(timeout=5)
     assert still_down == (outage_s is None)
     assert set(suspected) == {"dead"}, suspected
+    # By the datagrams, not the counters (whose reason names no datagram).
+    assert all("datagram" in r for r in on_suspects.reasons), on_suspects.reasons
     after = suspected["dead"] - fault
     assert 0.9 < after < 1.3, after  # TIMEOUT (1 s) after its last datagram
 
