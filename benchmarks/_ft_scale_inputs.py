@@ -136,9 +136,12 @@ def measured(d: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def timing(d: dict[str, Any], step_s: float, path: Path) -> Timing:
+def timing(d: dict[str, Any], step_s: float, path: Path, store: str = "tcp") -> Timing:
+    """The group's timing on ``store`` ("tcp" or "etcd": its own heartbeat interval, when
+    the results give one)."""
+    interval = d.get(f"heartbeat_interval_s_{store}") or need(d, "heartbeat_interval_s", path)
     return Timing(
-        heartbeat_interval_s=float(need(d, "heartbeat_interval_s", path)),
+        heartbeat_interval_s=float(interval),
         heartbeat_timeout_s=float(need(d, "heartbeat_timeout_s", path)),
         poll_s=float(need(d, "poll_interval_s", path)),
         step_s=step_s,

@@ -258,7 +258,7 @@ def main(argv: list[str]) -> int:
         return 2
 
     from torchnext.benchmarking import Report, results_dir
-    from torchnext.distributed.group.config import GroupConfig
+    from torchnext.distributed.group.config import ETCD_HEARTBEAT_INTERVAL, GroupConfig
 
     config = GroupConfig()
     hb = config.heartbeat_timeout
@@ -266,7 +266,8 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="ft-hosts-") as tmp:
         run = _Run(_specs(args), Path(tmp), t0, timedelta(minutes=args.max_minutes))
         run.say(
-            f"{len(run.queue)} jobs; heartbeat timeout {hb}, interval {config.heartbeat_interval}"
+            f"{len(run.queue)} jobs; heartbeat timeout {hb}, interval "
+            f"{config.heartbeat_interval} (etcd: {ETCD_HEARTBEAT_INTERVAL})"
         )
         try:
             while (job := run.next_job()) is not None:
@@ -290,6 +291,8 @@ def main(argv: list[str]) -> int:
     summary.update(
         {
             "heartbeat_interval_s": config.heartbeat_interval.total_seconds(),
+            "heartbeat_interval_s_tcp": config.heartbeat_interval.total_seconds(),
+            "heartbeat_interval_s_etcd": ETCD_HEARTBEAT_INTERVAL.total_seconds(),
             "poll_interval_s": config.poll_interval.total_seconds(),
             "wait_slice_s": config.wait_slice.total_seconds(),
             "compute_s": args.pace_ms / 1000,

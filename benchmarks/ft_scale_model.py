@@ -101,8 +101,9 @@ def validate(d: dict[str, Any], stores: dict[str, StoreCosts], path: Path) -> li
     for name, m in measured(d).items():
         if m["step_s"] is None or m["t3_s"] is None:
             continue
-        store = stores["etcd" if name == "etcd" else "tcp"]
-        t = timing(d, m["step_s"], path)
+        kind = "etcd" if name == "etcd" else "tcp"
+        store = stores[kind]
+        t = timing(d, m["step_s"], path, kind)
         survivors = m["ranks"] - m["failed"]
         pred = {
             "detection_s": detection_s(survivors, t, store, m["ranks"]),
@@ -192,8 +193,8 @@ def goodput_rows(
     ):
         store = stores[kind]
         base = m[kind]["step_s"] or fast
-        t0 = timing(d, base, path)
-        t = timing(d, step_at(members, m[kind]["ranks"], base, t0, store), path)
+        t0 = timing(d, base, path, kind)
+        t = timing(d, step_at(members, m[kind]["ranks"], base, t0, store), path, kind)
         if not liveness_holds(members, t, store):
             designs.append(Design(label, math.inf))
             continue

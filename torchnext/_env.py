@@ -114,7 +114,8 @@ TORCHNEXT_HEARTBEAT_INTERVAL = _var(
     "TORCHNEXT_HEARTBEAT_INTERVAL",
     timedelta(milliseconds=100),
     _parse_seconds,
-    "Interval between liveness heartbeats written to the store, in seconds.",
+    "Interval between liveness heartbeats written to the store, in seconds (default 0.1; "
+    "0.2 on an etcd store, where each beat is a replicated write).",
 )
 TORCHNEXT_HEARTBEAT_TIMEOUT = _var(
     "TORCHNEXT_HEARTBEAT_TIMEOUT",
@@ -127,6 +128,14 @@ TORCHNEXT_HEARTBEAT_TIMEOUT = _var(
     _parse_seconds,
     "A peer whose heartbeat has not advanced for this many seconds is suspected failed "
     "(a hung process, a silent host; crashed local peers are detected sooner).",
+)
+TORCHNEXT_BEACONS = _var(
+    "TORCHNEXT_BEACONS",
+    True,
+    _parse_bool,
+    "Members also send each other UDP heartbeat datagrams (GroupConfig.beacons); set 0 where "
+    "UDP between hosts is blocked or unwanted: only a host lost together with the store "
+    "is then detected later (after the store recovers).",
 )
 TORCHNEXT_STORE_TIMEOUT = _var(
     "TORCHNEXT_STORE_TIMEOUT",

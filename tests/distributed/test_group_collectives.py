@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from torchnext.distributed import FaultTolerantGroup, GroupConfig, P2POp
+from torchnext.distributed.group.config import ETCD_HEARTBEAT_INTERVAL, defaults_for
 from torchnext.errors import (
     CollectiveMismatchError,
     CommRevokedError,
@@ -196,6 +197,29 @@ def test_config_validation() -> None:
         GroupConfig(heartbeat_timeout=timedelta(milliseconds=50))
     with pytest.raises(ValueError, match="poll_interval"):
         GroupConfig(poll_interval=timedelta(0))
+
+
+class _StoreAt:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+def test_defaults_follow_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHNEXT_HEARTBEAT_INTERVAL", raising=False)
+    monkeypatch.delenv("TORCHNEXT_BEACONS", raising=False)
+    on_etcd = defaults_for(_StoreAt("etcd://10.0.0.1:2379,10.0.0.2:2379/job"))
+    assert on_etcd.heartbeat_interval == ETCD_HEARTBEAT_INTERVAL == timedelta(milliseconds=200)
+    assert on_etcd.heartbeat_timeout == GroupConfig().heartbeat_timeout
+    assert defaults_for(_StoreAt("tcp://10.0.0.1:29500")) == GroupConfig()
+    assert defaults_for(object()).heartbeat_interval == timedelta(milliseconds=100)
+    # An interval the user set wins on etcd too; so does switching the datagrams off.
+    monkeypatch.setenv("TORCHNEXT_HEARTBEAT_INTERVAL", "0.05")
+    monkeypatch.setenv("TORCHNEXT_BEACONS", "0")
+    chosen = defaults_for(_StoreAt("etcd://10.0.0.1:2379/job"))
+    assert chosen.heartbeat_interval == timedelta(milliseconds=50) and not chosen.beacons
+    monkeypatch.setenv("TORCHNEXT_BEACONS", "maybe")
+    with pytest.raises(ValueError, match="TORCHNEXT_BEACONS='maybe'"):
+        GroupConfig()
 
 
 def _split(ctx: WorkerContext) -> dict:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import torchnext
@@ -158,3 +160,46 @@ def test_two_agents_end_cleanly_when_node0_finishes_first(tmp_path: Path) -> Non
         assert not [n for n in CPP_NOISE if n in text], text
     members = sorted(m for text in texts for m in re.findall(r"^done (\S+)$", text, re.M))
     assert members == ["n0w0", "n0w1", "n1w0", "n1w1"], texts
+
+
+SLEEPER = """
+import os, time
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, os.environ["TORCHNEXT_MEMBER_ID"] + ".pid"), "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigterm_stops_the_workers_and_says_so(tmp_path: Path) -> None:
+    """A scheduler cancelling the job sends the agent SIGTERM: its workers must not be
+    left running without it (they were, before the agent handled the signal)."""
+    script = _write(tmp_path / "sleeper.py", SLEEPER)
+    pid_files = [tmp_path / "n0w0.pid", tmp_path / "n0w1.pid"]
+    with subprocess.Popen(
+        _torchnext_run("--nproc", "2", script), stderr=subprocess.PIPE, text=True
+    ) as agent:
+        try:
+            deadline = time.monotonic() + 60
+            while not all(p.exists() and p.read_text() for p in pid_files):
+                assert agent.poll() is None, "the agent ended before its workers started"
+                assert time.monotonic() < deadline, "workers did not start within 60 s"
+                time.sleep(0.05)
+            pids = [int(p.read_text()) for p in pid_files]
+            agent.send_signal(signal.SIGTERM)
+            _, err = agent.communicate(timeout=30)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    assert agent.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM; its workers were stopped" in err, err
+    assert not [pid for pid in pids if _alive(pid)], err

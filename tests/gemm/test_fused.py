@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from torchnext.compat.gemm_internals import onednn_has_bf16, onednn_linear_pointwise
 from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import autotune
 from torchnext.gemm.epilogue import Epilogue, add, gelu, mul, relu, scale, sigmoid, silu, tanh
@@ -90,6 +91,20 @@ def test_every_route_computes_the_epilogue(dtype: torch.dtype, m: int, k: int, n
         assert "aten+eager" in names and (not epilogue.steps or "aten+inplace" in names)
         if dtype == torch.bfloat16:
             assert "upcast+eager" in names
+        if epilogue.steps and epilogue.steps[0].op in ("relu", "gelu", "silu"):
+            # oneDNN's fused post-op: float32 always, bfloat16 where the CPU has it.
+            native = dtype == torch.float32 or onednn_has_bf16()
+            assert ("aten+onednn" in names) == (native and onednn_linear_pointwise() is not None)
+
+
+def test_a_route_replaces_aten_only_when_clearly_faster() -> None:
+    reference = [1.00, 1.01, 0.99, 1.02, 1.00, 0.98, 1.01]
+    assert autotune.clearly_faster([0.90, 0.91, 0.89, 0.92, 0.90, 0.88, 0.91], reference)
+    # 3 % faster in the median but slower than ATen's median in its worse runs: kept out.
+    assert not autotune.clearly_faster([0.95, 0.96, 0.97, 0.97, 1.05, 1.10, 1.20], reference)
+    # Within the margin: ATen stays.
+    assert not autotune.clearly_faster([0.99] * 7, reference)
+    assert autotune.clearly_faster([0.5], [])
 
 
 def test_inductor_route_matches_eager() -> None:

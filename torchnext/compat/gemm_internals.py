@@ -28,6 +28,7 @@ __all__ = [
     "native_grouped_mm_accepts_layout",
     "native_grouped_mm_is_kernel",
     "native_scaled_mm",
+    "onednn_has_bf16",
     "onednn_linear_pointwise_binary",
     "onednn_linear_pointwise",
     "onednn_pack_linear_weight",
@@ -66,6 +67,18 @@ def onednn_linear_pointwise() -> Callable[..., torch.Tensor] | None:
         return None
     op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
     return None if op is None else op.default
+
+
+def onednn_has_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 natively on this CPU (AVX-512 BF16 or AMX), so its fused
+    linear-pointwise takes bfloat16 inputs at full speed; False where it would emulate."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except RuntimeError:
+        return False
 
 
 def onednn_linear_pointwise_binary() -> Callable[..., torch.Tensor] | None:

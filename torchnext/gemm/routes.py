@@ -12,7 +12,8 @@ epilogue           ``eager``: the steps out of place, as user code writes them (
                    reference, and what the benchmark calls "unfused").
                    ``inplace``: the steps in place on the GEMM's fresh output, no temporaries.
                    ``onednn``: the first activation (or a full-matrix add) as oneDNN's
-                   post-op inside the GEMM kernel, the rest in place (CPU, float32).
+                   post-op inside the GEMM kernel, the rest in place (CPU, float32; and
+                   bfloat16 where the CPU has bfloat16 instructions).
                    ``blocked``: the GEMM in row blocks, each block's steps applied while it
                    is still in cache (large M).
                    ``inductor``: the whole call compiled by Inductor (one generated loop for
@@ -37,6 +38,7 @@ import torch
 
 from torchnext.compat.gemm_internals import (
     inductor_available,
+    onednn_has_bf16,
     onednn_linear_pointwise,
     onednn_linear_pointwise_binary,
 )
@@ -239,6 +241,17 @@ def _triton(p: Problem) -> torch.Tensor:
 # --------------------------------------------------------------------------- the table
 
 
+def _onednn_native(p: Problem) -> bool:
+    if p.compute_dtype == torch.float32:
+        return True
+    return p.compute_dtype == torch.bfloat16 and _onednn_bf16()
+
+
+@functools.cache
+def _onednn_bf16() -> bool:
+    return onednn_has_bf16()
+
+
 def _half(p: Problem) -> bool:
     return p.compute_dtype in (torch.bfloat16, torch.float16)
 
@@ -281,9 +294,9 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "aten+onednn",
         lambda p: _onednn(p, False),
-        # oneDNN's bfloat16 inner product needs native bfloat16 instructions; "upcast+onednn"
-        # covers half inputs everywhere.
-        lambda p: p.compute_dtype == torch.float32 and _onednn_applies(p),
+        # oneDNN's bfloat16 inner product needs native bfloat16 instructions (AVX-512 BF16,
+        # AMX); "upcast+onednn" covers half inputs everywhere.
+        lambda p: _onednn_native(p) and _onednn_applies(p),
     ),
     Route("aten+blocked", lambda p: _blocked(p, False), _blocked_applies),
     Route("aten+inductor", lambda p: _inductor(p, False), _inductor_applies),

@@ -29,7 +29,6 @@ What not to assume:
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
 import time
@@ -176,18 +175,24 @@ class Beacon:
         if sock is None:
             return
         payload = f"{self._tag}|{self._me}".encode()
+        # Looks every half interval, draining what arrived meanwhile, rather than waking
+        # for each datagram: with P peers that is 2 wake-ups an interval instead of P + 1
+        # (on 2 cores with 16 members, the per-datagram wake-ups cost a fifth of a core).
+        # A peer is then taken as heard up to half an interval late, which only makes its
+        # silence look shorter: nothing is suspected sooner than the timeout.
+        look_s = self._interval_s / 2
         next_send = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_send:
                 self._send(sock, payload)
                 next_send = now + self._interval_s
+            if self._stop.wait(max(0.0, min(look_s, next_send - now))):
+                return
             try:
-                readable, _, _ = select.select([sock], [], [], max(0.0, next_send - now))
-            except (OSError, ValueError):
-                return  # the socket was closed by stop()
-            if readable:
                 self._receive(sock)
+            except ValueError:
+                return  # the socket was closed by stop()
             self._note_look()
             if self.on_look is not None:
                 try:

@@ -75,7 +75,12 @@ from torchnext.distributed.group.backend import (
     connect_store,
 )
 from torchnext.distributed.group.collectives import Collectives
-from torchnext.distributed.group.config import GroupConfig, check_group_args, group_device
+from torchnext.distributed.group.config import (
+    GroupConfig,
+    check_group_args,
+    defaults_for,
+    group_device,
+)
 from torchnext.distributed.group.epoch import Epoch, RetiredEpochs
 from torchnext.distributed.group.fencing import Fence
 from torchnext.distributed.group.heartbeat import Monitor, Watch
@@ -157,7 +162,7 @@ class FaultTolerantGroup(Collectives, PointToPoint):
         self.store = store
         self.member_id = member_id
         self.backend = backend
-        self.config = cfg = config if config is not None else GroupConfig()
+        self.config = cfg = config if config is not None else defaults_for(store)
         self.name = name
         self._keys = Keys(name)
         self._parent = parent
@@ -212,7 +217,9 @@ class FaultTolerantGroup(Collectives, PointToPoint):
         ``TORCHNEXT_WORLD_SIZE`` (as set by the launcher or the test harness)."""
         cfg = config if config is not None else GroupConfig()
         store, member, size = connect_from_env(cfg.store_timeout)
-        return cls(store, member_id=member, world_size=size, backend=backend, config=cfg, name=name)
+        return cls(
+            store, member_id=member, world_size=size, backend=backend, config=config, name=name
+        )
 
     @classmethod
     def join(

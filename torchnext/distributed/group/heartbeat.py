@@ -69,7 +69,7 @@ _HOST_SIBLING_FRACTION = 0.5
 """A member silent for this fraction of ``heartbeat_timeout`` fails with a host sibling
 that is silent for all of it (a live member is silent for about one heartbeat interval)."""
 
-_REVOKE_WAIT_SLICE = timedelta(milliseconds=500)
+_REVOKE_WAIT_SLICE = timedelta(seconds=1)
 """How long one wait for a revoke key lasts before it is re-armed (on a new epoch's key)."""
 
 
@@ -388,8 +388,11 @@ class Monitor:
         """On a store whose waits are cheap server-side watches (etcd), wait for the
         epoch's revoke key and wake the monitor at once, instead of polling for it every
         ``poll_interval`` (50 requests a second per member, most of an etcd cluster's
-        capacity on a small machine). The monitor still checks at every heartbeat."""
+        capacity on a small machine). Each slice is one read and one watch
+        (``wait_for_value``); the monitor still reads the key at every heartbeat, which
+        covers a key that changed (a new epoch) while a slice on the old one ran."""
         store = self._store.clone()
+        wait_for_value = getattr(store, "wait_for_value", None)
         pause_s = self._config.poll_interval.total_seconds()
         while not self._stop.is_set():
             watch = self._watch
@@ -398,7 +401,11 @@ class Monitor:
                 self._stop.wait(pause_s)
                 continue
             try:
-                store.wait(keys, _REVOKE_WAIT_SLICE)
+                if wait_for_value is not None:
+                    if wait_for_value(keys[0], _REVOKE_WAIT_SLICE) is None:
+                        continue  # the slice ran out: watch again
+                else:
+                    store.wait(keys, _REVOKE_WAIT_SLICE)
             except Exception:  # noqa: BLE001 - no revoke within the slice, or a failing store
                 self._stop.wait(pause_s)
                 continue

@@ -39,6 +39,11 @@ At the end, node 0's agent keeps the store up until every other agent has said
 goodbye (or has shown no sign of life for 30 s), so no node loses the store while its
 workers are still exiting.
 
+Stopping: SIGTERM or SIGINT (a scheduler cancelling the job, Ctrl-C) stops the agent's
+workers (SIGTERM, then SIGKILL after a grace period), says so, and exits with 128 plus the
+signal's number. Only SIGKILL leaves them running (the ``kill_agent`` fault): they carry on
+without their agent, and the job goes on.
+
 Keep torchrun's own ``--max-restarts`` at 0: it restarts a whole node's workers, which
 is what the agent exists to avoid. With a TCP store the agent on node 0 is a single
 point of failure (it hosts the store), as torchft's lighthouse is; with ``--store
@@ -48,8 +53,13 @@ etcd://...`` no agent is.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from types import FrameType
 
 __all__ = ["add_arguments", "main"]
 
@@ -188,7 +198,52 @@ def _refuse_finished_namespace(addr: str, timeout: timedelta) -> str | None:
         store.close()
 
 
+class _Stopped(BaseException):
+    """Raised in the agent's thread by SIGTERM (a BaseException: no handler of the agent's
+    catches it, and its ``finally`` blocks stop the workers)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM into :class:`_Stopped` and SIGINT into ``KeyboardInterrupt`` here: by
+    default SIGTERM ends the interpreter without running ``finally`` blocks, and the
+    workers would run on without their agent (and their store, on node 0)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        # Once: a second SIGTERM (a scheduler repeating itself) must not cut the workers'
+        # stop short; the stop is bounded by the agent's grace period.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(args: argparse.Namespace) -> int:
+    """Run ``torchnext run``; SIGTERM or SIGINT stop the workers and exit with 128 + signal."""
+    try:
+        with _stop_on_signals():
+            return _main(args)
+    except _Stopped as stopped:
+        name = signal.Signals(stopped.signum).name
+        print(f"torchnext run: stopped by {name}; its workers were stopped", file=sys.stderr)
+        return 128 + stopped.signum
+    except KeyboardInterrupt:
+        print("torchnext run: interrupted (SIGINT); its workers were stopped", file=sys.stderr)
+        return 128 + int(signal.SIGINT)
+
+
+def _main(args: argparse.Namespace) -> int:
     from torchnext._env import TORCHNEXT_STORE_TIMEOUT
     from torchnext.distributed.launch.agent import Agent, AgentConfig
     from torchnext.errors import AgentConflictError, StoreUnreachableError
@@ -225,21 +280,16 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     command = (["-m"] if args.module else []) + [args.script, *args.script_args]
-    agent = Agent(command, config)
-    try:
-        if args.store_addr.startswith("etcd://"):
-            problem = _refuse_finished_namespace(args.store_addr, config.store_timeout)
-            if problem is not None:
-                print(f"torchnext run: {problem}", file=sys.stderr)
-                agent.close()
-                return 2
-            print(f"torchnext run: store on etcd at {args.store_addr}", file=sys.stderr)
-        agent.start()
-    except (StoreUnreachableError, AgentConflictError) as exc:
-        print(f"torchnext run: {exc}", file=sys.stderr)
-        agent.close()
-        return 2
-    try:
+    with Agent(command, config) as agent:  # its exit stops the workers, however we leave
+        try:
+            if args.store_addr.startswith("etcd://"):
+                problem = _refuse_finished_namespace(args.store_addr, config.store_timeout)
+                if problem is not None:
+                    print(f"torchnext run: {problem}", file=sys.stderr)
+                    return 2
+                print(f"torchnext run: store on etcd at {args.store_addr}", file=sys.stderr)
+            agent.start()
+        except (StoreUnreachableError, AgentConflictError) as exc:
+            print(f"torchnext run: {exc}", file=sys.stderr)
+            return 2
         return agent.run()
-    finally:
-        agent.close()
