@@ -63,14 +63,15 @@ def _check(
             f"dtype ({', '.join(str(d) for d in _FLOATS)}). For float8/float4 operands use "
             "torchnext.gemm.scaled_mm"
         )
-    if a.device != b.device:
+    both_cpu = a.is_cpu and b.is_cpu  # the common case, without building device objects
+    if not both_cpu and a.device != b.device:
         raise GemmInputError(
             f"gemm(a, b): a is on {a.device}, b on {b.device}; move them to one device"
         )
     if bias is not None and (
         not isinstance(bias, torch.Tensor)
         or tuple(bias.shape) != (b.shape[1],)
-        or bias.device != a.device
+        or (bias.is_cpu != both_cpu if both_cpu else bias.device != a.device)
     ):
         raise GemmInputError(
             f"gemm(bias=...): got {_describe(bias)}; expected a tensor of shape [{b.shape[1]}] "

@@ -106,31 +106,40 @@ def _cpu() -> gemv_cpu.CpuKernels:
     return cpu
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
 def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
     """The route :func:`linear` takes for these operands (see the module's table)."""
     k = x.shape[-1] if x.dim() else 0
     rows = x.numel() // max(k, 1)
     gemv = rows <= GEMV_MAX_ROWS
-    # The C and Triton kernels have no backward: under autograd the torch routes run.
-    plain = not (_tracing() or _recording(x, weight))
     if isinstance(weight, QuantizedWeight) or _is_torchao(weight):
+        # The C and Triton kernels have no backward: under autograd the torch routes run.
+        plain = not (_tracing() or _recording(x, weight))
         device = weight.device
         if device.type == "cpu" and plain and gemv_cpu.kernels() is not None:
             return "cpu-q4-gemv" if gemv else "cpu-q4-chunked"
         if device.type == "cuda" and gemv and plain and _triton_available():
             return "triton-q4-gemv"
         return "torch-q4-chunked"
-    if not isinstance(weight, Tensor) or weight.dim() != 2:
+    # A dense weight: the cheap tests first, since most calls end in "aten" and every call
+    # of F.linear's size pays for them (a float32 weight is decided by its dtype alone).
+    if not isinstance(weight, Tensor) or not gemv or weight.dtype not in _HALF:
         return "aten"
-    dense_half = weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1
+    if not weight.is_cpu:
+        return "aten"  # the dense C kernels are CPU code
+    # From two rows on, a CPU with instructions for the dtype (AVX-512 BF16 for bfloat16)
+    # runs torch's GEMM, which converts the weight once for all rows, at 0.8 to 1.4 times
+    # our tiles; where torch emulates the dtype the tiles win 2x and more.
+    if rows > 1 and not cpu_upcasts(weight.dtype):
+        return "aten"
     # Below this many weight elements torch's own call is faster than ours plus its ~50 us of
     # Python (measured: 512 x 512 at M = 1 lost 0.9x; at M = 2, and 1024 x 512, won 1.2x).
     big = weight.numel() >= (DENSE_MIN_ELEMENTS if rows == 1 else DENSE_MIN_ELEMENTS // 2)
-    if gemv and big and dense_half and weight.device.type == "cpu" and x.dtype == weight.dtype:
-        # From two rows on, a CPU with instructions for the dtype (AVX-512 BF16 for
-        # bfloat16) runs torch's GEMM, which converts the weight once for all rows, at 0.8
-        # to 1.4 times our tiles; where torch emulates the dtype the tiles win 2x and more.
-        if plain and gemv_cpu.kernels() is not None and (rows == 1 or cpu_upcasts(x.dtype)):
+    dense = weight.dim() == 2 and weight.stride(-1) == 1 and x.dtype == weight.dtype
+    if big and dense and gemv_cpu.kernels() is not None:
+        if not (_tracing() or _recording(x, weight)):
             return "cpu-dense-gemv"
     return "aten"
 

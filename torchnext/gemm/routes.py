@@ -89,9 +89,11 @@ class Route:
 
 
 def _aten_gemm(p: Problem, a_MK: torch.Tensor, b_KN: torch.Tensor) -> torch.Tensor:
-    if p.bias_N is None:
+    bias_N = p.bias_N
+    if bias_N is None:
         return torch.mm(a_MK, b_KN)
-    return torch.addmm(p.bias_N.to(a_MK.dtype), a_MK, b_KN)
+    # .to() costs a microsecond even when it returns its input; this runs on every call.
+    return torch.addmm(bias_N if bias_N.dtype == a_MK.dtype else bias_N.to(a_MK.dtype), a_MK, b_KN)
 
 
 def _upcast(t: torch.Tensor) -> torch.Tensor:
