@@ -58,7 +58,9 @@ class GroupConfig:
     """Default per-op timeout (``TORCHNEXT_COLLECTIVE_TIMEOUT``, 60 s). An op past it
     raises :class:`~torchnext.errors.CommTimeoutError` and revokes the epoch."""
     heartbeat_interval: timedelta = field(default_factory=_heartbeat_interval)
-    """How often a member writes its heartbeat to the store (``TORCHNEXT_HEARTBEAT_INTERVAL``)."""
+    """How often a member writes its heartbeat to the store (``TORCHNEXT_HEARTBEAT_INTERVAL``,
+    0.1 s; a group made without a config on an etcd store uses 0.2 s, see
+    :func:`defaults_for`)."""
     heartbeat_timeout: timedelta = field(default_factory=_heartbeat_timeout)
     """A member whose heartbeat has not advanced for this long is suspected failed
     (``TORCHNEXT_HEARTBEAT_TIMEOUT``, 1.5 s): a silent host is seen within about this

@@ -215,11 +215,9 @@ class FaultTolerantGroup(Collectives, PointToPoint):
     ) -> FaultTolerantGroup:
         """Create the group from ``TORCHNEXT_STORE_ADDR``, ``TORCHNEXT_MEMBER_ID`` and
         ``TORCHNEXT_WORLD_SIZE`` (as set by the launcher or the test harness)."""
-        cfg = config if config is not None else GroupConfig()
-        store, member, size = connect_from_env(cfg.store_timeout)
-        return cls(
-            store, member_id=member, world_size=size, backend=backend, config=config, name=name
-        )
+        store, member, size = connect_from_env((config or GroupConfig()).store_timeout)
+        cfg = config  # None: the defaults for the store (defaults_for)
+        return cls(store, member_id=member, world_size=size, backend=backend, config=cfg, name=name)
 
     @classmethod
     def join(

@@ -290,7 +290,6 @@ class Agent:
         if store_due:
             self._next_store_read = time.monotonic() + 0.5
             self._read_job_events()
-        running: list[WorkerProcess] = []
         for slot, worker in list(self.workers.items()):
             if self.workers.get(slot) is not worker:
                 # An exit handled earlier in this pass stopped the job, and shutdown()
@@ -298,11 +297,10 @@ class Agent:
                 continue
             code = worker.proc.poll()
             if code is None:
-                running.append(worker)
                 continue
             self._reap(worker, code)
-        if running and store_due and self._evictions is not None and self._store_up():
-            self._evictions.check([w for w in running if w.proc.poll() is None])
+        if store_due and self._evictions is not None and self._store_up():
+            self._evictions.check([w for w in self.workers.values() if w.proc.poll() is None])
         self._poll_spares()
         self._note_finish_elsewhere()
         if self._orphans and not self.workers:
