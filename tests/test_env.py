@@ -28,6 +28,15 @@ def test_bad_value_names_variable_value_and_fix(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("TORCHNEXT_FR_ENABLE", "maybe")
     with pytest.raises(ValueError, match="TORCHNEXT_FR_ENABLE"):
         _env.TORCHNEXT_FR_ENABLE.get()
+    # Not a number: said in words, with the default as it would be written (seconds).
+    monkeypatch.setenv("TORCHNEXT_HEARTBEAT_INTERVAL", "fast")
+    with pytest.raises(
+        ValueError, match=r"number of seconds, e.g. 0.2; got 'fast'.*default: 0.1\)"
+    ):
+        _env.TORCHNEXT_HEARTBEAT_INTERVAL.get()
+    monkeypatch.setenv("TORCHNEXT_HEARTBEAT_INTERVAL", "nan")
+    with pytest.raises(ValueError, match="finite"):
+        _env.TORCHNEXT_HEARTBEAT_INTERVAL.get()
 
 
 def test_every_variable_is_documented_and_unique() -> None:

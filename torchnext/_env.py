@@ -33,9 +33,13 @@ def _parse_bool(raw: str) -> bool:
 
 
 def _parse_seconds(raw: str) -> timedelta:
-    seconds = float(raw)
-    if seconds < 0:
-        raise ValueError(f"expected a non-negative number of seconds; got {raw!r}")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ValueError(f"expected a number of seconds, e.g. 0.2; got {raw!r}") from None
+    # float() accepts "nan" and "inf"; neither is an interval or a timeout.
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"expected a finite, non-negative number of seconds; got {raw!r}")
     return timedelta(seconds=seconds)
 
 
@@ -86,7 +90,7 @@ class EnvVar(Generic[T]):
         except ValueError as exc:
             raise ValueError(
                 f"environment variable {self.name}={raw!r} is invalid: {exc}. "
-                f"Fix the value or unset it (default: {self.default!r})."
+                f"Fix the value or unset it (default: {_shown(self.default)})."
             ) from None
 
     def is_set(self) -> bool:
@@ -94,6 +98,13 @@ class EnvVar(Generic[T]):
 
 
 ALL_VARS: list[EnvVar[object]] = []
+
+
+def _shown(value: object) -> str:
+    """A default as a user would write it in the variable (seconds for a timedelta)."""
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g}"
+    return repr(value)
 
 
 def _var(name: str, default: T, parse: Callable[[str], T], doc: str) -> EnvVar[T]:

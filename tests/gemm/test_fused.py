@@ -221,6 +221,14 @@ def test_modes_off_and_cached_never_time(monkeypatch: pytest.MonkeyPatch) -> Non
         (lambda: gemm(torch.randn(3, 4), torch.randn(5, 6)), r"K=4.*K=5"),
         (lambda: gemm(torch.randn(3, 4), torch.randn(4, 6), bias=torch.randn(5)), r"bias.*\[6\]"),
         (
+            lambda: gemm(torch.randn(3, 4), torch.randn(4, 6), bias=torch.randn(6, device="meta")),
+            r"bias.*on cpu",
+        ),
+        (
+            lambda: gemm(torch.randn(3, 4), torch.randn(4, 6, device="meta")),
+            r"a is on cpu, b on meta",
+        ),
+        (
             lambda: gemm(
                 torch.randn(3, 4), torch.randn(4, 6), epilogue=Epilogue(add(torch.randn(2, 6)))
             ),

@@ -71,7 +71,7 @@ def _check(
     if bias is not None and (
         not isinstance(bias, torch.Tensor)
         or tuple(bias.shape) != (b.shape[1],)
-        or (bias.is_cpu != both_cpu if both_cpu else bias.device != a.device)
+        or (not bias.is_cpu if both_cpu else bias.device != a.device)
     ):
         raise GemmInputError(
             f"gemm(bias=...): got {_describe(bias)}; expected a tensor of shape [{b.shape[1]}] "

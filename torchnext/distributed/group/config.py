@@ -27,6 +27,7 @@ __all__ = [
     "check_group_args",
     "defaults_for",
     "group_device",
+    "on_etcd",
 ]
 
 
@@ -127,6 +128,11 @@ ETCD_HEARTBEAT_INTERVAL = timedelta(milliseconds=200)
 """The default heartbeat interval on an etcd store (see :func:`defaults_for`)."""
 
 
+def on_etcd(store: object) -> bool:
+    """Whether ``store`` keeps the group's keys on an etcd cluster (an ``etcd://`` store)."""
+    return str(getattr(store, "url", "") or "").startswith("etcd://")
+
+
 def defaults_for(store: object) -> GroupConfig:
     """The default :class:`GroupConfig` for a group on ``store``.
 
@@ -136,8 +142,7 @@ def defaults_for(store: object) -> GroupConfig:
     of eight workers took about as much CPU as the cluster itself. The heartbeat timeout
     is unchanged, so a silent host is still suspected within the timeout plus an interval
     (1.7 s by default). Any other store gets ``GroupConfig()``."""
-    url = str(getattr(store, "url", "") or "")
-    if url.startswith("etcd://") and not _env.TORCHNEXT_HEARTBEAT_INTERVAL.is_set():
+    if on_etcd(store) and not _env.TORCHNEXT_HEARTBEAT_INTERVAL.is_set():
         return GroupConfig(heartbeat_interval=ETCD_HEARTBEAT_INTERVAL)
     return GroupConfig()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from torchnext.distributed.group.config import GroupConfig
+from torchnext.distributed.group.config import GroupConfig, on_etcd
 from torchnext.errors import StoreLostError
 
 __all__ = [
@@ -35,7 +35,7 @@ _READ_SLACK_S = 0.1
 def waits_cheaply(store: Any) -> bool:
     """Whether waiting on ``store`` costs the server little (etcd watches), so a revoke is
     better waited for than polled."""
-    return str(getattr(store, "url", "") or "").startswith("etcd://")
+    return on_etcd(store)
 
 
 def normal_gap_s(config: GroupConfig) -> float:
@@ -75,9 +75,8 @@ def store_lost_error(
     store: Any, silent_for: timedelta, last_error: BaseException
 ) -> StoreLostError:
     """The error of a member whose store has not answered for ``silent_for``."""
-    url = str(getattr(store, "url", "") or "")
-    if url.startswith("etcd://"):
-        where = f"the etcd cluster {url}"
+    if on_etcd(store):
+        where = f"the etcd cluster {store.url}"
         fix = (
             "No member with quorum answered: bring a majority of the cluster's members "
             "back (a 3-member cluster survives losing one)."
