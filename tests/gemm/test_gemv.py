@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from torchnext.compat import gemm_internals
-from torchnext.errors import GemmInputError
+from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import formats, gemv, gemv_cpu
 from torchnext.gemm.gemv import linear, route
 from torchnext.gemm.grouped_cpu import cpu_upcasts
@@ -166,9 +166,10 @@ def test_dense_half_gemv_matches_reference(dtype: torch.dtype) -> None:
     assert route(x, w) == "cpu-dense-gemv"
     b = torch.randn(1030).to(dtype)
     assert_close_to_reference(linear(x, w, b), x, w.double(), b)
-    # From two rows on the C tiles are taken only where torch emulates the dtype (no
-    # instructions for it); elsewhere torch's GEMM is as fast or faster.
-    several = "cpu-dense-gemv" if cpu_upcasts(dtype) else "aten"
+    # From two rows on the C tiles are taken where the AVX-512 tiles run the dtype, or where
+    # torch emulates it (no instructions for it); elsewhere torch's GEMM is as fast or faster.
+    avx512 = dtype in _avx512_dtypes()
+    several = "cpu-dense-gemv" if avx512 or cpu_upcasts(dtype) else "aten"
     for rows in (2, 8):
         x = torch.randn(rows, 515).to(dtype)
         assert route(x, w) == several
@@ -178,8 +179,48 @@ def test_dense_half_gemv_matches_reference(dtype: torch.dtype) -> None:
     assert torch.equal(linear(x, w), F.linear(x, w))
     assert route(torch.randn(1, 1030, dtype=dtype), big.T) == "aten"  # column stride
     small = torch.randn(512, 512).to(dtype)  # torch's own call is faster at M = 1 here
-    assert route(torch.randn(1, 512, dtype=dtype), small) == "aten"
+    one_row = "cpu-dense-gemv" if avx512 else "aten"  # but not the AVX-512 tiles'
+    assert route(torch.randn(1, 512, dtype=dtype), small) == one_row
     assert route(torch.randn(2, 512, dtype=dtype), small) == several
+
+
+def _avx512_dtypes() -> frozenset[torch.dtype]:
+    cpu = gemv_cpu.kernels()
+    return frozenset() if cpu is None else cpu.avx512_dtypes
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+def test_avx512_tiles_match_reference(dtype: torch.dtype, rows: int) -> None:
+    """Every tile of the AVX-512 kernel (4 weight rows and the single rows left over, against
+    1 to 4 rows of x, twice for 5 to 8), the K tail past 32 and 16, a weight row stride that is
+    not K, with and without bias, in the operands' own dtype."""
+    if dtype not in _avx512_dtypes():
+        pytest.skip(f"this CPU has no AVX-512 instructions for {dtype}")
+    cpu = gemv_cpu.kernels()
+    assert cpu is not None
+    w = torch.randn(1031, 523).to(dtype)[:, :515]
+    x = torch.randn(rows, 515).to(dtype)
+    b = torch.randn(1031).to(dtype)
+    for bias in (None, b):
+        out = torch.full((rows, 1031), float("nan"), dtype=dtype)
+        cpu.dense512(w, x, bias, out)
+        assert_close_to_reference(out, x, w.double(), bias)
+    x[0, 7] = float("nan")  # a NaN reaches its row of the output, and only that row
+    cpu.dense512(w, x, None, out)
+    assert out[0].isnan().all() and not out[1:].isnan().any()
+    big = torch.randn(1024, 1024).to(dtype)  # big enough for either dtype's threshold
+    assert route(torch.randn(rows, 1024).to(dtype), big) == "cpu-dense-gemv"
+
+
+def test_avx512_tiles_refuse_other_dtypes() -> None:
+    cpu = gemv_cpu.kernels()
+    if cpu is None:
+        pytest.skip("no working C compiler for the CPU GEMV kernels")
+    w, x = torch.randn(8, 32).half(), torch.randn(2, 32).half()
+    with pytest.raises(GemmUnsupportedError, match=r"x_MK.dtype=torch.float16"):
+        cpu.dense512(w, x, None, torch.empty(2, 8, dtype=torch.float16))
 
 
 @needs_kernels

@@ -201,9 +201,10 @@ def _dense_linear(
             "as in nn.Linear"
         )
     decode = x.dim() >= 1 and x.shape[-1] > 0 and x.numel() // x.shape[-1] <= GEMV_MAX_ROWS
-    if not decode or gemv.route(x, weight) == "aten":
+    out = gemv.dense_or_none(x, weight, bias) if decode else None
+    if out is None:
         return gemm(x, weight.t(), bias=bias, epilogue=epilogue, out_dtype=out_dtype)
-    return _epilogue_after(gemv.linear(x, weight, bias), epilogue, out_dtype)
+    return _epilogue_after(out, epilogue, out_dtype)
 
 
 def _epilogue_after(

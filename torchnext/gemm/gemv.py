@@ -16,15 +16,19 @@ QuantizedWeight        CPU             ``cpu-q4-gemv``: fused       ``cpu-q4-chu
                                                                     (C), then ``mm``
 QuantizedWeight        CUDA + Triton   ``triton-q4-gemv``           ``torch-q4-chunked``
 QuantizedWeight        other / traced  ``torch-q4-chunked``         ``torch-q4-chunked``
-bfloat16 / float16     CPU             ``cpu-dense-gemv``: rows     ``aten`` (``F.linear``)
-(``DENSE_MIN_ELEMENTS``                upcast in registers (C); 2
-and more)                              or more only where torch
-                                       emulates the dtype
+bfloat16 / float32     CPU with        ``cpu-dense-gemv``: AVX-512  ``aten`` (``F.linear``)
+(``AVX512_MIN_         AVX-512 (BF16   tiles (C), operands, bias
+ELEMENTS`` and more)   for bfloat16)   and result in their dtype
+bfloat16 / float16     other CPU       ``cpu-dense-gemv``: rows     ``aten``
+(``DENSE_MIN_ELEMENTS``                upcast in registers (AVX2
+and more)                              C); 2 or more only where
+                                       torch emulates the dtype
 anything else          any             ``aten``                     ``aten``
 =====================  ==============  ===========================  =========================
 
 Accuracy: products and sums in float32 (as torch's CPU GEMM for these dtypes), output cast
-to ``x.dtype``; within float32-accumulation tolerance of ``x.double() @ W.double().T``.
+to ``x.dtype``; within float32-accumulation tolerance of ``x.double() @ W.double().T``. The
+AVX-512 bfloat16 tiles (``vdpbf16ps``) read subnormal bfloat16 values as zero.
 
 First-call cost: the CPU kernels are C compiled once per machine (1-2 s, then cached on disk,
 see :mod:`torchnext.gemm.gemv_cpu`); no ``torch.compile`` is involved, so no call recompiles
@@ -54,9 +58,11 @@ from torchnext.gemm.quantized_weight import QuantizedWeight, weight_from_torchao
 
 __all__ = [
     "CHUNK_BYTES",
+    "AVX512_MIN_ELEMENTS",
     "DENSE_MIN_ELEMENTS",
     "GEMV_MAX_ROWS",
     "available_routes",
+    "dense_or_none",
     "linear",
     "route",
 ]
@@ -70,7 +76,13 @@ the packed weight's size (but at least 64 rows), so the GEMM routes' extra memor
 twice the packed weight for weights of 500 rows and more."""
 
 DENSE_MIN_ELEMENTS = 1 << 19
-"""A bfloat16/float16 weight takes ``cpu-dense-gemv`` from this size (half of it when M > 1)."""
+"""A bfloat16/float16 weight takes ``cpu-dense-gemv``'s AVX2 tiles from this size (half of it
+when M > 1)."""
+
+AVX512_MIN_ELEMENTS = {torch.bfloat16: (1 << 16, 1 << 16), torch.float32: (1 << 20, 1 << 18)}
+"""Weight elements from which ``cpu-dense-gemv``'s AVX-512 tiles run, per dtype, for one row of
+``x`` and for more. Below them torch's call plus less Python was measured faster (float32 at
+one row: torch's GEMV is quick while the weight sits in cache)."""
 
 _ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -106,7 +118,7 @@ def _cpu() -> gemv_cpu.CpuKernels:
     return cpu
 
 
-_HALF = (torch.bfloat16, torch.float16)
+_DENSE = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
@@ -124,24 +136,32 @@ def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
             return "triton-q4-gemv"
         return "torch-q4-chunked"
     # A dense weight: the cheap tests first, since most calls end in "aten" and every call
-    # of F.linear's size pays for them (a float32 weight is decided by its dtype alone).
-    if not isinstance(weight, Tensor) or not gemv or weight.dtype not in _HALF:
+    # of F.linear's size pays for them.
+    if not isinstance(weight, Tensor) or not gemv or weight.dtype not in _DENSE:
         return "aten"
-    if not weight.is_cpu:
-        return "aten"  # the dense C kernels are CPU code
-    # From two rows on, a CPU with instructions for the dtype (AVX-512 BF16 for bfloat16)
-    # runs torch's GEMM, which converts the weight once for all rows, at 0.8 to 1.4 times
-    # our tiles; where torch emulates the dtype the tiles win 2x and more.
+    if not weight.is_cpu or weight.dim() != 2 or x.dtype != weight.dtype:
+        return "aten"  # the dense C kernels are CPU code, for one dtype
+    cpu = gemv_cpu.kernels()
+    if cpu is None or weight.stride(-1) != 1 or _tracing() or _recording(x, weight):
+        return "aten"
+    if weight.dtype in cpu.avx512_dtypes:
+        # AVX-512 tiles (bfloat16 dot products, float32 FMA): 1.2 to 4x torch's GEMM at 1 to 8
+        # rows from this size on (measured); below it torch's call plus less Python wins.
+        one_row, more_rows = AVX512_MIN_ELEMENTS[weight.dtype]
+        return (
+            "cpu-dense-gemv" if weight.numel() >= (one_row if rows == 1 else more_rows) else "aten"
+        )
+    if weight.dtype == torch.float32:
+        return "aten"
+    # From two rows on, a CPU with instructions for the dtype runs torch's GEMM, which
+    # converts the weight once for all rows, at 0.8 to 1.4 times the AVX2 tiles; where torch
+    # emulates the dtype the tiles win 2x and more.
     if rows > 1 and not cpu_upcasts(weight.dtype):
         return "aten"
     # Below this many weight elements torch's own call is faster than ours plus its ~50 us of
     # Python (measured: 512 x 512 at M = 1 lost 0.9x; at M = 2, and 1024 x 512, won 1.2x).
     big = weight.numel() >= (DENSE_MIN_ELEMENTS if rows == 1 else DENSE_MIN_ELEMENTS // 2)
-    dense = weight.dim() == 2 and weight.stride(-1) == 1 and x.dtype == weight.dtype
-    if big and dense and gemv_cpu.kernels() is not None:
-        if not (_tracing() or _recording(x, weight)):
-            return "cpu-dense-gemv"
-    return "aten"
+    return "cpu-dense-gemv" if big else "aten"
 
 
 def available_routes(device: str = "cpu") -> dict[str, str]:
@@ -199,6 +219,13 @@ def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = No
         weight = weight_from_torchao(weight)  # type: ignore[arg-type]
     if isinstance(weight, QuantizedWeight):
         return _quantized(x, weight, bias)
+    out = dense_or_none(x, weight, bias)
+    return F.linear(x, weight, bias) if out is None else out
+
+
+def dense_or_none(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor | None:
+    """:func:`linear` for a dense weight where :func:`route` names a C route, else ``None``
+    (after the same checks), for a caller that runs its own GEMM on the ``aten`` route."""
     if not isinstance(weight, Tensor) or weight.dim() != 2:
         raise GemmInputError(
             f"weight is {type(weight).__name__} of shape {tuple(getattr(weight, 'shape', ()))}; "
@@ -212,11 +239,17 @@ def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = No
             f"F.linear); convert x with x.to({weight.dtype})"
         )
     if route(x, weight) != "cpu-dense-gemv" or x.numel() == 0:
-        return F.linear(x, weight, bias)
+        return None
     cpu = _cpu()
-    x_MK = x.reshape(-1, k).float().contiguous()
+    x_MK = x.reshape(-1, k)
+    if weight.dtype in cpu.avx512_dtypes:
+        # x, bias and the result in their own dtype: one C call, no casts on the step's path.
+        out_MN = torch.empty(x_MK.shape[0], n, dtype=x.dtype)
+        bias_N = None if bias is None else bias.contiguous()
+        cpu.dense512(weight, x_MK.contiguous(), bias_N, out_MN)
+        return out_MN.reshape(*x.shape[:-1], n)
     out_MN = torch.empty(x_MK.shape[0], n)
-    cpu.dense_gemv(weight, x_MK, out_MN)
+    cpu.dense_gemv(weight, x_MK.float().contiguous(), out_MN)
     return _finish(out_MN, x, bias)
 
 

@@ -13,6 +13,9 @@ test or benchmark them. Three kernels over row-major ``x``:
 - ``dense_gemv``: ``out = x @ W.T`` for a bfloat16 / float16 ``[N, K]`` weight as it is,
   upcast 8 elements at a time in registers (torch's bfloat16 GEMM is slow without native
   bfloat16 instructions).
+- ``dense512``: ``out = x @ W.T`` for bfloat16 (AVX-512 BF16) or float32 (AVX-512F) ``x``
+  and weight, where the CPU has the instructions (``avx512_dtypes``); see
+  :mod:`torchnext.gemm.gemv_avx512_source`.
 
 The C source, why C rather than Inductor, and the ``blocked8`` layout it reads are in
 :mod:`torchnext.gemm.gemv_cpu_source`.
@@ -50,12 +53,15 @@ from pathlib import Path
 
 import torch
 
-from torchnext.gemm.gemv_cpu_source import SOURCE
+from torchnext.errors import GemmUnsupportedError
+from torchnext.gemm import gemv_avx512_source, gemv_cpu_source
 from torchnext.gemm.quantized_weight import SCALE_KINDS, QuantizedWeight
 
 __all__ = ["CpuKernels", "build", "compiler", "kernels"]
 
 log = logging.getLogger(__name__)
+
+_SOURCE = gemv_cpu_source.SOURCE + gemv_avx512_source.SOURCE
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,8 @@ class CpuKernels:
     path: Path
     simd: bool
     """True for the AVX2 build, False for the portable C one."""
+    avx512_dtypes: frozenset[torch.dtype]
+    """The dtypes :meth:`dense512` runs on this CPU (empty without AVX-512)."""
     _lib: ctypes.CDLL
 
     @staticmethod
@@ -100,6 +108,28 @@ class CpuKernels:
         ptrs = [w_NK.data_ptr(), w_NK.stride(0), kind, x_MK.data_ptr(), out_MN.data_ptr()]
         self._lib.tn_dense_gemv(m, w_NK.shape[0], k, *ptrs, torch.get_num_threads())
 
+    def dense512(
+        self,
+        w_NK: torch.Tensor,
+        x_MK: torch.Tensor,
+        bias_N: torch.Tensor | None,
+        out_MN: torch.Tensor,
+    ) -> None:
+        """``out_MN = x_MK @ w_NK.T + bias_N``, summed in float32 and rounded once: all of one
+        dtype in :attr:`avx512_dtypes`, ``x_MK``, ``bias_N`` and ``out_MN`` contiguous and
+        ``w_NK`` with unit last stride; ``bias_N`` may be None."""
+        if x_MK.dtype not in self.avx512_dtypes:
+            raise GemmUnsupportedError(
+                f"dense512: x_MK.dtype={x_MK.dtype}; this CPU runs it for "
+                f"{sorted(str(d) for d in self.avx512_dtypes) or 'no dtype (no AVX-512)'}; "
+                "call dense_gemv or F.linear instead"
+            )
+        (m, k), kind = x_MK.shape, SCALE_KINDS[x_MK.dtype]
+        bias = None if bias_N is None else bias_N.data_ptr()
+        ptrs = [w_NK.data_ptr(), w_NK.stride(0), x_MK.data_ptr(), k, kind, bias, out_MN.data_ptr()]
+        if self._lib.tn_dense512(m, w_NK.shape[0], k, *ptrs, torch.get_num_threads()):
+            raise GemmUnsupportedError(f"dense512: the kernel refused {x_MK.dtype} on this CPU")
+
 
 def compiler() -> str | None:
     """The C compiler :func:`build` would use (``$CC``, else cc, gcc, clang), or ``None``."""
@@ -134,7 +164,7 @@ def build(*, portable: bool = False, folder: Path | None = None) -> Path | None:
     if cc is None:
         return None
     flags = ["-O3", "-std=c11", "-shared", "-fPIC"] + ([] if portable else _simd_flags())
-    key = hashlib.sha256("\0".join([SOURCE, cc, platform.machine(), *flags]).encode()).hexdigest()[
+    key = hashlib.sha256("\0".join([_SOURCE, cc, platform.machine(), *flags]).encode()).hexdigest()[
         :16
     ]
     target_dir = folder if folder is not None else _kernel_dir()
@@ -148,7 +178,7 @@ def build(*, portable: bool = False, folder: Path | None = None) -> Path | None:
         return target
     with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
         src = Path(tmp) / "gemv.c"
-        src.write_text(SOURCE)
+        src.write_text(_SOURCE)
         out = Path(tmp) / "gemv.so"
         # OpenMP when the compiler has it (clang on macOS often lacks it): then one thread.
         for extra in (["-fopenmp"], []):
@@ -180,10 +210,17 @@ def _load(path: Path) -> CpuKernels:
         *(i64, i64, i64, i64, ptr, c_int, ptr, ptr, ptr, c_float, ptr, c_int)
     ]
     lib.tn_dense_gemv.argtypes = [i64, i64, i64, ptr, i64, c_int, ptr, ptr, c_int]
+    lib.tn_avx512_kinds.argtypes, lib.tn_avx512_kinds.restype = [], c_int
+    lib.tn_dense512.argtypes = [i64, i64, i64, ptr, i64, ptr, i64, c_int, ptr, ptr, c_int]
+    lib.tn_dense512.restype = c_int
     lib.tn_q4_gemv.restype = c_int
     for fn in (lib.tn_q4_dequant, lib.tn_dense_gemv):
         fn.restype = None
-    return CpuKernels(path, bool(lib.tn_simd()), lib)
+    kinds = lib.tn_avx512_kinds()
+    avx512 = frozenset(
+        dtype for bit, dtype in ((1, torch.float32), (2, torch.bfloat16)) if kinds & bit
+    )
+    return CpuKernels(path, bool(lib.tn_simd()), avx512, lib)
 
 
 @functools.cache
