@@ -3,7 +3,8 @@ the scaled, grouped and GEMV parts, side by side in one run.
 
 Fused GEMM cells: transformer MLP and attention projections, M in 1, 8, 128, 2048, K and N
 from 256 to 4096, float32 and bfloat16, at 1 and 2 threads. Each cell times, interleaved
-(median of ``--reps`` >= 7 repeats, with p10-p90 spread):
+(median of ``--reps`` >= 7 repeats, with p10-p90 spread; each repeat the mean of as many
+calls as fill ``SAMPLE_S``):
 
 - ``fused``: ``torchnext.gemm.linear(x, w, b, epilogue=...)`` (the tuned route);
 - ``own+eager``: torchnext's own tuned GEMM for the same call without the epilogue, then the
@@ -44,6 +45,9 @@ from torchnext.gemm import autotune, gemv
 from torchnext.gemm.epilogue import Epilogue, add, gelu, mul, scale, silu
 from torchnext.gemm.fused import gemm, linear
 from torchnext.gemm.routes import Problem
+
+SAMPLE_S = 0.01
+"""Each fused-cell sample is the mean of as many calls as fill about this many seconds."""
 
 # (name, M, K, N, epilogue kind): MLP up (gelu/silu), down (+residual), attention projections.
 CELLS = [
@@ -108,8 +112,19 @@ def _time_cell(
         },
         reps=reps,
         warmup=1,
+        inner=_inner(lambda: eager(F.linear(x, w, b))),
     )
     return timings, chosen
+
+
+def _inner(call: Callable[[], object]) -> int:
+    """Calls per sample, so that a sample lasts about SAMPLE_S: one call of 0.1 ms timed
+    alone is mostly the timer's and the scheduler's noise on a shared 2-core machine."""
+    start = time.perf_counter()
+    for _ in range(3):
+        call()
+    once = (time.perf_counter() - start) / 3
+    return max(1, min(200, round(SAMPLE_S / max(once, 1e-9))))
 
 
 def _spread_loss(fused: Timing, base: Timing) -> bool:

@@ -107,6 +107,20 @@ def test_a_route_replaces_aten_only_when_clearly_faster() -> None:
     assert autotune.clearly_faster([0.5], [])
 
 
+def test_the_fallback_is_torch_own_with_the_steps_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b, residual = torch.randn(4, 8), torch.randn(8, 4), torch.randn(4, 4)
+    steps = Epilogue(relu(), add(residual))
+    assert autotune.fallback(Problem(a, b, None, steps, a.dtype)) == "aten+inplace"
+    assert autotune.fallback(Problem(a, b, None, Epilogue(), a.dtype)) == "aten+eager"
+    monkeypatch.setenv("TORCHNEXT_GEMM_AUTOTUNE", "off")
+    assert autotune.choose(Problem(a, b, None, steps, a.dtype)).name == "aten+inplace"
+    kept = residual.clone()
+    torch.testing.assert_close(gemm(a, b, epilogue=steps), torch.relu(a @ b) + residual)
+    assert torch.equal(residual, kept)  # in place on the GEMM's output, never on an operand
+
+
 def test_inductor_route_matches_eager() -> None:
     a, b = torch.randn(128, 32), torch.randn(32, 24)
     full = torch.randn(128, 24)
@@ -279,4 +293,4 @@ def test_a_first_call_on_nan_inputs_tunes_without_failing() -> None:
     a = torch.full((4, 8), float("nan"))
     out = gemm(a, torch.randn(8, 4), epilogue=Epilogue(relu()))
     assert out.isnan().all()
-    assert list(autotune.tuned_choices().values()) == ["aten+eager"]
+    assert list(autotune.tuned_choices().values()) == ["aten+inplace"]  # torch's own, in place

@@ -3,9 +3,12 @@
 Use it through :func:`torchnext.gemm.gemm`, which asks :func:`choose` on every call. A problem
 class is (device, dtypes, M rounded up to a power of two, K, N, bias, epilogue signature,
 thread count, torch build); the first call of a class times every route that applies on the
-call's own inputs, checks each against the reference route, and stores the fastest. ATen
-(``aten+eager``) is kept unless another route beats it by more than :data:`MARGIN` in the
-median and in three runs of four, so a route that cannot win never replaces torch's own.
+call's own inputs, checks each against the reference route (``aten+eager``: torch's GEMM, then
+the steps as eager code), and stores the fastest. ATen is kept unless another route beats it
+by more than :data:`MARGIN` in the median and in three runs of four, so a route that cannot
+win never replaces torch's own: :func:`fallback`, which is torch's GEMM with the steps in place
+on its fresh output (``aten+inplace``, the same operations without a new tensor per step), or
+``aten+eager`` for a call without steps.
 
 The store is one small JSON file per class in :func:`cache_dir`, written to a temporary file
 and renamed into place (``os.replace`` is atomic on POSIX), so concurrent processes sharing
@@ -47,6 +50,7 @@ __all__ = [
     "choose",
     "clear",
     "clearly_faster",
+    "fallback",
     "problem_key",
     "tuned_choices",
 ]
@@ -160,14 +164,14 @@ def choose(p: Problem) -> Route:
         return known
     mode = _mode()
     if mode == "off":
-        return route(_REFERENCE)
+        return route(fallback(p))
     with _lock:
         remembered = _memory.get(key)
         if remembered is not None:
             return remembered
         name = _read(key)
         if name is None and (mode == "cached" or torch.compiler.is_compiling()):
-            return route(_REFERENCE)
+            return route(fallback(p))
         if name is None:
             name, timings = _tune(p)
             _write(key, name, timings)
@@ -179,6 +183,12 @@ def choose(p: Problem) -> Route:
             chosen = route(name)
         _memory[key] = chosen
     return chosen
+
+
+def fallback(p: Problem) -> str:
+    """torch's own route for ``p``, kept where no other wins: the steps in place on the GEMM's
+    fresh output (callers run ``aten+eager`` instead while autograd records)."""
+    return "aten+inplace" if p.epilogue.steps else _REFERENCE
 
 
 def _sync(p: Problem) -> None:
@@ -201,6 +211,7 @@ def _tune(p: Problem) -> tuple[str, dict[str, float]]:
     amax = p.epilogue.amax_into
     saved = None if amax is None else amax.clone()
     reference = route(_REFERENCE).run(p)
+    default = fallback(p)
     k = p.a_MK.shape[1]
     usable: list[Route] = []
     warm_s: dict[str, float] = {}
@@ -215,12 +226,15 @@ def _tune(p: Problem) -> tuple[str, dict[str, float]]:
         except Exception as exc:  # noqa: BLE001 - a route that fails here is not chosen
             log.debug("torchnext.gemm: route %s failed on %s: %s", r.name, problem_key(p), exc)
             continue
-        if r.name != _REFERENCE and (out.shape != reference.shape or not _close(out, reference, k)):
+        exact = r.name in (_REFERENCE, default)  # the same torch operations as the reference
+        if not exact and (out.shape != reference.shape or not _close(out, reference, k)):
             log.debug("torchnext.gemm: route %s disagrees with ATen; not chosen", r.name)
             continue
         usable.append(r)
+    if default not in (r.name for r in usable):
+        default = _REFERENCE  # the in-place run failed: torch's eager chain is what is left
     fastest = min(warm_s.values(), default=0.0)
-    usable = [r for r in usable if r.name == _REFERENCE or warm_s[r.name] <= 2 * fastest]
+    usable = [r for r in usable if r.name == default or warm_s[r.name] <= 2 * fastest]
     # Routes more than twice as slow as the fastest warm run are dropped; the rest are timed
     # interleaved (order rotating), so drift of the machine hits them alike, for about
     # _TUNE_BUDGET_S each: 7 runs of a large call, up to 41 of a small one, whose single
@@ -240,9 +254,9 @@ def _tune(p: Problem) -> tuple[str, dict[str, float]]:
     if saved is not None and amax is not None:
         amax.copy_(saved)
     medians = {name: statistics.median(s) for name, s in samples.items() if s}
-    best = min(medians, key=medians.__getitem__, default=_REFERENCE)
-    if best != _REFERENCE and not clearly_faster(samples[best], samples.get(_REFERENCE, [])):
-        best = _REFERENCE
+    best = min(medians, key=medians.__getitem__, default=default)
+    if best != default and not clearly_faster(samples[best], samples.get(default, [])):
+        best = default
     log.info("torchnext.gemm: tuned %s -> %s (%s)", problem_key(p), best, medians)
     return best, medians
 

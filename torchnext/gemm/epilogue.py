@@ -196,7 +196,7 @@ class Epilogue:
     output cast) into the 0-d tensor ``amax``, as delayed FP8 scaling needs.
     """
 
-    __slots__ = ("steps", "amax_into", "_captured", "_signatures")
+    __slots__ = ("steps", "amax_into", "_captured", "_signatures", "_nd")
 
     def __init__(self, *steps: Step, amax_into: torch.Tensor | None = None) -> None:
         for i, step in enumerate(steps):
@@ -226,12 +226,18 @@ class Epilogue:
         self.steps: tuple[Step, ...] = steps
         self.amax_into = amax_into
         self._captured = tuple(captured)
+        self._nd = any(isinstance(s.operand, torch.Tensor) and s.operand.dim() > 2 for s in steps)
         # signature() runs on every gemm() call (it is part of the tuner's key): memoised.
         self._signatures: dict[tuple[int, int], tuple[tuple[str, str, str], ...]] = {}
 
     @property
     def captured(self) -> tuple[torch.Tensor, ...]:
         return self._captured
+
+    @property
+    def has_nd_operand(self) -> bool:
+        """Whether a step's operand has more than two dimensions (shaped like an N-D output)."""
+        return self._nd
 
     def signature(self, rows: int, cols: int) -> tuple[tuple[str, str, str], ...]:
         """What a tuned choice depends on: each step's op, operand kind and dtype (validated)."""

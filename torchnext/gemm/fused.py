@@ -86,7 +86,7 @@ def _check(
 
 def _flat_epilogue(epilogue: Epilogue, out_shape: tuple[int, ...], m: int, n: int) -> Epilogue:
     """Operands shaped like the (N-D) output become ``[M, N]`` views; the rest stay."""
-    if not any(isinstance(s.operand, torch.Tensor) and s.operand.dim() > 2 for s in epilogue.steps):
+    if not epilogue.has_nd_operand:
         return epilogue
     steps = []
     for step in epilogue.steps:
@@ -148,7 +148,7 @@ def gemm(
         a.requires_grad
         or b.requires_grad
         or (bias is not None and bias.requires_grad)
-        or any(t.requires_grad for t in epilogue.captured)
+        or (bool(epilogue.captured) and any(t.requires_grad for t in epilogue.captured))
     )
     chosen = route("aten+eager") if recording or m == 0 else choose(problem)
     out = chosen.run(problem)
