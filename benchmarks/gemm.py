@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torchnext.benchmarking import Report, Timing, compare
+from torchnext.benchmarking import Report, Timing, compare, time_once
 from torchnext.gemm import autotune, gemv
 from torchnext.gemm.epilogue import Epilogue, add, gelu, mul, scale, silu
 from torchnext.gemm.fused import gemm, linear
@@ -120,10 +120,7 @@ def _time_cell(
 def _inner(call: Callable[[], object]) -> int:
     """Calls per sample, so that a sample lasts about SAMPLE_S: one call of 0.1 ms timed
     alone is mostly the timer's and the scheduler's noise on a shared 2-core machine."""
-    start = time.perf_counter()
-    for _ in range(3):
-        call()
-    once = (time.perf_counter() - start) / 3
+    once = time_once(call, 3)
     return max(1, min(200, round(SAMPLE_S / max(once, 1e-9))))
 
 

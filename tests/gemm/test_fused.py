@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from torchnext.compat.gemm_internals import onednn_has_bf16, onednn_linear_pointwise
 from torchnext.errors import GemmInputError, GemmUnsupportedError
-from torchnext.gemm import autotune
+from torchnext.gemm import autotune, gemv, gemv_cpu
 from torchnext.gemm.epilogue import Epilogue, add, gelu, mul, relu, scale, sigmoid, silu, tanh
 from torchnext.gemm.fused import gemm, linear
 from torchnext.gemm.routes import Problem, routes_for
@@ -121,6 +121,37 @@ def test_the_fallback_is_torch_own_with_the_steps_in_place(
     assert torch.equal(residual, kept)  # in place on the GEMM's output, never on an operand
 
 
+def test_an_operand_of_a_wider_dtype_falls_back_to_eager() -> None:
+    # In place would keep bfloat16 where eager code promotes to float32.
+    a, b = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 4, dtype=torch.bfloat16)
+    wide = Epilogue(add(torch.randn(4, 4)))
+    assert autotune.fallback(Problem(a, b, None, wide, torch.float32)) == "aten+eager"
+
+
+@pytest.mark.parametrize("rows", [1, 8, 128])
+def test_half_operands_keep_float32_sums_for_a_float32_result_and_amax(rows: int) -> None:
+    w = torch.randn(256, 512, dtype=torch.bfloat16)
+    x = torch.randn(rows, 512, dtype=torch.bfloat16)
+    residual = torch.randn(rows, 256)
+    ref = F.gelu(x.double() @ w.double().T) + residual.double()
+    got = linear(x, w, epilogue=Epilogue(gelu(), add(residual)), out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and not torch.equal(got, got.bfloat16().float())
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-4)
+    amax = torch.zeros((), dtype=torch.float32)
+    out = linear(x, w, epilogue=Epilogue(gelu(), amax_into=amax))
+    assert out.dtype == torch.bfloat16
+    true_amax = F.gelu(x.double() @ w.double().T).abs().max().item()
+    assert abs(amax.item() - true_amax) <= 1e-5 * true_amax  # from the float32 sums
+
+
+def test_empty_k_and_n_give_torch_answers() -> None:
+    bias = torch.randn(64)
+    got = linear(torch.randn(4, 1, 0), torch.randn(64, 0), bias, epilogue=Epilogue(relu()))
+    torch.testing.assert_close(got, torch.relu(bias).expand(4, 1, 64))
+    none = linear(torch.randn(4, 1, 32), torch.randn(0, 32), epilogue=Epilogue(gelu()))
+    assert none.shape == (4, 1, 0)
+
+
 def test_inductor_route_matches_eager() -> None:
     a, b = torch.randn(128, 32), torch.randn(32, 24)
     full = torch.randn(128, 24)
@@ -190,7 +221,7 @@ def test_a_torn_cache_file_is_retuned(monkeypatch: pytest.MonkeyPatch) -> None:
 _RACER = textwrap.dedent(
     """
     import json, sys, torch
-    from torchnext.gemm import autotune
+    from torchnext.gemm import autotune, gemv, gemv_cpu
     from torchnext.gemm.epilogue import Epilogue, gelu, add
     from torchnext.gemm.fused import gemm
     torch.manual_seed(0)
@@ -275,7 +306,14 @@ def test_linear_sends_decode_and_quantized_weights_to_the_gemv_path() -> None:
     w = torch.randn(1024, 1024, dtype=torch.bfloat16)
     x = torch.randn(2, 1, 1024, dtype=torch.bfloat16)
     residual = torch.randn(2, 1, 1024, dtype=torch.bfloat16)
+    assert gemv.route(x, w) in ("cpu-dense512", "cpu-dense-gemv") or gemv_cpu.kernels() is None
     got = linear(x, w, epilogue=Epilogue(relu(), add(residual)))
+    # A float32 bias with bfloat16 operands: the GEMV route passes, gemm's accepts it.
+    b32 = torch.randn(1024)
+    with_bias = linear(x, w, b32)
+    torch.testing.assert_close(
+        with_bias.float(), F.linear(x.float(), w.float(), b32), rtol=0.02, atol=0.05
+    )
     want = torch.relu(x.double() @ w.double().t()) + residual.double()
     assert got.shape == (2, 1, 1024) and got.dtype == torch.bfloat16
     assert (got.double() - want).abs().max().item() <= 0.05 * want.abs().max().item()
@@ -293,4 +331,4 @@ def test_a_first_call_on_nan_inputs_tunes_without_failing() -> None:
     a = torch.full((4, 8), float("nan"))
     out = gemm(a, torch.randn(8, 4), epilogue=Epilogue(relu()))
     assert out.isnan().all()
-    assert list(autotune.tuned_choices().values()) == ["aten+inplace"]  # torch's own, in place
+    assert list(autotune.tuned_choices().values()) == ["aten+eager"]

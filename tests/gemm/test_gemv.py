@@ -156,20 +156,46 @@ def test_every_scale_byte_decodes_exactly(portable: bool) -> None:
         assert torch.equal(w_KR.T, q.dequantize())
 
 
+def _cpu_avx512() -> frozenset[torch.dtype]:
+    """What the CPU itself reports (Linux), independent of the library's detection."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return frozenset()
+    if not {"avx512f", "avx512bw"} <= flags:
+        return frozenset()
+    return frozenset({torch.float32} | ({torch.bfloat16} if "avx512_bf16" in flags else set()))
+
+
+def _avx512_dtypes() -> frozenset[torch.dtype]:
+    cpu = gemv_cpu.kernels()
+    return frozenset() if cpu is None else cpu.avx512_dtypes
+
+
+@needs_kernels
+def test_the_avx512_tiles_are_built_where_the_cpu_has_them() -> None:
+    # Decided from /proc/cpuinfo, so a build that lost the AVX-512 part fails here instead of
+    # skipping the tests below.
+    if not Path("/proc/cpuinfo").exists():
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    assert _avx512_dtypes() == _cpu_avx512(), "AVX-512 tiles missing (compiler older than 11?)"
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_dense_half_gemv_matches_reference(dtype: torch.dtype) -> None:
+    avx512 = dtype in _avx512_dtypes()
+    dense = "cpu-dense512" if avx512 else "cpu-dense-gemv"
     big = torch.randn(1030, 520).to(dtype)
     w = big[:, :515]  # K with a tail past 32 and 8, and a row stride that is not K
     assert w.numel() >= gemv.DENSE_MIN_ELEMENTS
     x = torch.randn(1, 1, 515).to(dtype)
-    assert route(x, w) == "cpu-dense-gemv"
+    assert route(x, w) == dense
     b = torch.randn(1030).to(dtype)
     assert_close_to_reference(linear(x, w, b), x, w.double(), b)
     # From two rows on the C tiles are taken where the AVX-512 tiles run the dtype, or where
     # torch emulates it (no instructions for it); elsewhere torch's GEMM is as fast or faster.
-    avx512 = dtype in _avx512_dtypes()
-    several = "cpu-dense-gemv" if avx512 or cpu_upcasts(dtype) else "aten"
+    several = dense if avx512 or cpu_upcasts(dtype) else "aten"
     for rows in (2, 8):
         x = torch.randn(rows, 515).to(dtype)
         assert route(x, w) == several
@@ -179,14 +205,9 @@ def test_dense_half_gemv_matches_reference(dtype: torch.dtype) -> None:
     assert torch.equal(linear(x, w), F.linear(x, w))
     assert route(torch.randn(1, 1030, dtype=dtype), big.T) == "aten"  # column stride
     small = torch.randn(512, 512).to(dtype)  # torch's own call is faster at M = 1 here
-    one_row = "cpu-dense-gemv" if avx512 else "aten"  # but not the AVX-512 tiles'
+    one_row = dense if avx512 else "aten"  # but not than the AVX-512 tiles
     assert route(torch.randn(1, 512, dtype=dtype), small) == one_row
     assert route(torch.randn(2, 512, dtype=dtype), small) == several
-
-
-def _avx512_dtypes() -> frozenset[torch.dtype]:
-    cpu = gemv_cpu.kernels()
-    return frozenset() if cpu is None else cpu.avx512_dtypes
 
 
 @needs_kernels
@@ -195,8 +216,8 @@ def _avx512_dtypes() -> frozenset[torch.dtype]:
 def test_avx512_tiles_match_reference(dtype: torch.dtype, rows: int) -> None:
     """Every tile of the AVX-512 kernel (4 weight rows and the single rows left over, against
     1 to 4 rows of x, twice for 5 to 8), the K tail past 32 and 16, a weight row stride that is
-    not K, with and without bias, in the operands' own dtype."""
-    if dtype not in _avx512_dtypes():
+    not K, with and without bias, in the operands' own dtype and in float32."""
+    if dtype not in _cpu_avx512():
         pytest.skip(f"this CPU has no AVX-512 instructions for {dtype}")
     cpu = gemv_cpu.kernels()
     assert cpu is not None
@@ -207,20 +228,108 @@ def test_avx512_tiles_match_reference(dtype: torch.dtype, rows: int) -> None:
         out = torch.full((rows, 1031), float("nan"), dtype=dtype)
         cpu.dense512(w, x, bias, out)
         assert_close_to_reference(out, x, w.double(), bias)
+    wide = torch.full((rows, 1031), float("nan"))  # float32 out: the sums before rounding
+    cpu.dense512(w, x, b, wide)
+    ref = x.double() @ w.double().T + b.double()
+    tol = (
+        4
+        * math.sqrt(515)
+        * torch.finfo(torch.float32).eps
+        * (x.double().abs() @ w.double().abs().T + b.double().abs())
+    )
+    assert bool(((wide.double() - ref).abs() <= tol).all())
     x[0, 7] = float("nan")  # a NaN reaches its row of the output, and only that row
     cpu.dense512(w, x, None, out)
     assert out[0].isnan().all() and not out[1:].isnan().any()
     big = torch.randn(1024, 1024).to(dtype)  # big enough for either dtype's threshold
-    assert route(torch.randn(rows, 1024).to(dtype), big) == "cpu-dense-gemv"
+    assert route(torch.randn(rows, 1024).to(dtype), big) == "cpu-dense512"
 
 
-def test_avx512_tiles_refuse_other_dtypes() -> None:
+@needs_kernels
+def test_avx512_bfloat16_rounds_once_to_nearest_even() -> None:
+    """Small integers: every product and sum is exact in float32, so the result must equal
+    torch's float32 result rounded to bfloat16, bias included before the one rounding."""
+    if torch.bfloat16 not in _cpu_avx512():
+        pytest.skip("this CPU has no AVX-512 BF16")
     cpu = gemv_cpu.kernels()
-    if cpu is None:
-        pytest.skip("no working C compiler for the CPU GEMV kernels")
+    assert cpu is not None
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randint(-16, 17, (260, 96), generator=gen).bfloat16()
+    x = torch.randint(-16, 17, (5, 96), generator=gen).bfloat16()
+    b = torch.randint(-200, 201, (260,), generator=gen).bfloat16()
+    out = torch.empty(5, 260, dtype=torch.bfloat16)
+    cpu.dense512(w, x, b, out)
+    exact = x.float() @ w.float().T + b.float()
+    assert (exact.abs() > 256).any()  # sums that bfloat16 cannot hold: the rounding is tested
+    assert torch.equal(out, exact.bfloat16())
+
+
+@needs_kernels
+def test_avx512_tiles_refuse_what_they_cannot_read() -> None:
+    cpu = gemv_cpu.kernels()
+    assert cpu is not None
     w, x = torch.randn(8, 32).half(), torch.randn(2, 32).half()
     with pytest.raises(GemmUnsupportedError, match=r"x_MK.dtype=torch.float16"):
         cpu.dense512(w, x, None, torch.empty(2, 8, dtype=torch.float16))
+    if torch.float32 not in cpu.avx512_dtypes:
+        return
+    w, x = torch.randn(8, 32), torch.randn(2, 32)
+    bad = [
+        (w.bfloat16(), x, None, torch.empty(2, 8), "w_NK torch.bfloat16"),
+        (w, x, torch.randn(7), torch.empty(2, 8), r"bias_N torch.float32 \[7\]"),
+        (w, x, torch.randn(16)[::2], torch.empty(2, 8), "bias_N"),
+        (w, x, None, torch.empty(2, 7), r"out_MN torch.float32 \[2, 7\]"),
+        (w, x, None, torch.empty(2, 8, dtype=torch.float16), "out_MN torch.float16"),
+        (w, torch.randn(2, 64)[:, ::2], None, torch.empty(2, 8), "x_MK is not contiguous"),
+    ]
+    for w_NK, x_MK, bias_N, out_MN, match in bad:
+        with pytest.raises(GemmInputError, match=match):
+            cpu.dense512(w_NK, x_MK, bias_N, out_MN)
+
+
+@needs_kernels
+def test_a_bias_that_requires_grad_keeps_autograd() -> None:
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16)
+    x = torch.randn(2, 1024, dtype=torch.bfloat16)
+    b = torch.zeros(1024, dtype=torch.bfloat16, requires_grad=True)
+    assert route(x, w, b) == "aten"
+    y = linear(x, w, b)
+    assert y.requires_grad
+    y.float().sum().backward()
+    assert b.grad is not None and torch.equal(b.grad, torch.full_like(b, 2.0))
+
+
+@needs_kernels
+def test_out_dtype_float32_keeps_the_float32_sums() -> None:
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16)
+    b = torch.randn(1024, dtype=torch.bfloat16)
+    for rows in (1, 8, 16):
+        x = torch.randn(rows, 1024, dtype=torch.bfloat16)
+        y = linear(x, w, b, out_dtype=torch.float32)
+        assert y.dtype == torch.float32
+        assert not torch.equal(y, y.bfloat16().float())  # not rounded to bfloat16 on the way
+        ref = x.double() @ w.double().T + b.double()
+        mag = x.double().abs() @ w.double().abs().T + b.double().abs()
+        assert bool(
+            ((y.double() - ref).abs() <= 4 * 32 * torch.finfo(torch.float32).eps * mag).all()
+        )
+    with pytest.raises(GemmInputError, match="out_dtype=torch.float8_e4m3fn"):
+        linear(torch.randn(1, 1024, dtype=torch.bfloat16), w, out_dtype=torch.float8_e4m3fn)
+
+
+@needs_kernels
+def test_a_dtype_mismatch_names_x_before_the_bias() -> None:
+    w = torch.randn(64, 512, dtype=torch.bfloat16)
+    b = torch.randn(64, dtype=torch.bfloat16)
+    with pytest.raises(GemmInputError, match=r"x.dtype=torch.float32, weight.dtype=torch.bfloat16"):
+        linear(torch.randn(4, 1, 512), w, b)
+
+
+def test_compiled_decode_calls_trace_without_a_graph_break() -> None:
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16)
+    x = torch.randn(2, 1024, dtype=torch.bfloat16)
+    compiled = torch.compile(lambda x: linear(x, w), fullgraph=True, backend="eager")
+    assert_close_to_reference(compiled(x), x, w.double())
 
 
 @needs_kernels
@@ -423,7 +532,13 @@ def test_traced_calls_take_the_torch_route_in_one_graph() -> None:
 
 def test_available_routes_lists_every_route_without_building() -> None:
     cpu = gemv.available_routes("cpu")
-    assert set(cpu) == {"cpu-q4-gemv", "cpu-q4-chunked", "cpu-dense-gemv", "torch-q4-chunked"}
+    assert set(cpu) == {
+        "cpu-q4-gemv",
+        "cpu-q4-chunked",
+        "cpu-dense512",
+        "cpu-dense-gemv",
+        "torch-q4-chunked",
+    }
     assert "triton-q4-gemv" in gemv.available_routes("cuda")
 
 

@@ -8,7 +8,7 @@ the steps as eager code), and stores the fastest. ATen is kept unless another ro
 by more than :data:`MARGIN` in the median and in three runs of four, so a route that cannot
 win never replaces torch's own: :func:`fallback`, which is torch's GEMM with the steps in place
 on its fresh output (``aten+inplace``, the same operations without a new tensor per step), or
-``aten+eager`` for a call without steps.
+``aten+eager`` for a call without steps or with an operand of another dtype.
 
 The store is one small JSON file per class in :func:`cache_dir`, written to a temporary file
 and renamed into place (``os.replace`` is atomic on POSIX), so concurrent processes sharing
@@ -187,8 +187,15 @@ def choose(p: Problem) -> Route:
 
 def fallback(p: Problem) -> str:
     """torch's own route for ``p``, kept where no other wins: the steps in place on the GEMM's
-    fresh output (callers run ``aten+eager`` instead while autograd records)."""
-    return "aten+inplace" if p.epilogue.steps else _REFERENCE
+    fresh output, which eager code would compute the same, or ``aten+eager`` where an operand
+    of another dtype would promote eager code's result (in place keeps the GEMM's dtype) and
+    for a call without steps. Callers run ``aten+eager`` while autograd records."""
+    if not p.epilogue.steps:
+        return _REFERENCE
+    dtype = p.a_MK.dtype
+    if any(t.dtype != dtype for t in p.epilogue.captured if t is not p.epilogue.amax_into):
+        return _REFERENCE
+    return "aten+inplace"
 
 
 def _sync(p: Problem) -> None:
@@ -226,8 +233,7 @@ def _tune(p: Problem) -> tuple[str, dict[str, float]]:
         except Exception as exc:  # noqa: BLE001 - a route that fails here is not chosen
             log.debug("torchnext.gemm: route %s failed on %s: %s", r.name, problem_key(p), exc)
             continue
-        exact = r.name in (_REFERENCE, default)  # the same torch operations as the reference
-        if not exact and (out.shape != reference.shape or not _close(out, reference, k)):
+        if r.name != _REFERENCE and (out.shape != reference.shape or not _close(out, reference, k)):
             log.debug("torchnext.gemm: route %s disagrees with ATen; not chosen", r.name)
             continue
         usable.append(r)
@@ -265,6 +271,8 @@ def clearly_faster(route_s: list[float], reference_s: list[float]) -> bool:
     """Whether a route's times beat the reference's clearly: its median by :data:`MARGIN`,
     and its upper quartile below the reference's median (a route that is faster only in
     its lucky runs stays out)."""
+    if not route_s:
+        raise ValueError("clearly_faster(route_s=[]): pass at least one timing of the route")
     if not reference_s:
         return True
     reference = statistics.median(reference_s)

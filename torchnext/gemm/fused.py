@@ -16,13 +16,17 @@ Semantics, as equivalent Python::
 What not to assume: with autograd recording (an input requires grad and grad mode is on)
 the call runs the eager chain, the only route with a backward; the fused routes are for
 inference and for graphs whose intermediate results are not saved. Routes round
-differently (see :mod:`torchnext.gemm.epilogue`).
+differently (see :mod:`torchnext.gemm.epilogue`). bfloat16/float16 operands with a float32 or
+float64 ``out_dtype``, or with an ``amax_into``, are computed in float32 (torch's CPU GEMM
+rounds its output to the operands' dtype): a float32 copy of the operands per call.
 
 Shape legend: M output rows (all leading dimensions of ``a`` flattened), N columns, K the
 contracted dimension.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -37,6 +41,7 @@ from torchnext.gemm.routes import Problem, route
 __all__ = ["gemm", "linear"]
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_HALF = (torch.bfloat16, torch.float16)
 _EMPTY = Epilogue()
 
 
@@ -60,8 +65,8 @@ def _check(
     if a.dtype not in _FLOATS or b.dtype != a.dtype:
         raise GemmUnsupportedError(
             f"gemm(a, b): dtypes a={a.dtype}, b={b.dtype}; expected both the same floating "
-            f"dtype ({', '.join(str(d) for d in _FLOATS)}). For float8/float4 operands use "
-            "torchnext.gemm.scaled_mm"
+            f"dtype ({', '.join(str(d) for d in _FLOATS)}): convert one, e.g. "
+            f"a.to({b.dtype}). For float8/float4 operands use torchnext.gemm.scaled_mm"
         )
     both_cpu = a.is_cpu and b.is_cpu  # the common case, without building device objects
     if not both_cpu and a.device != b.device:
@@ -77,11 +82,24 @@ def _check(
             f"gemm(bias=...): got {_describe(bias)}; expected a tensor of shape [{b.shape[1]}] "
             f"on {a.device}"
         )
+    _check_out_dtype(out_dtype)
+
+
+def _check_out_dtype(out_dtype: torch.dtype | None) -> None:
     if out_dtype is not None and out_dtype not in _FLOATS:
         raise GemmUnsupportedError(
             f"gemm(out_dtype={out_dtype}): expected one of "
             f"{', '.join(str(d) for d in _FLOATS)}; cast the result yourself for other dtypes"
         )
+
+
+def _sums_in_float32(dtype: torch.dtype, out_dtype: torch.dtype | None, epilogue: Epilogue) -> bool:
+    """bfloat16/float16 operands whose float32 sums must survive: a float32/float64 result, or
+    an amax taken before the cast. torch's CPU GEMM rounds its output to the operands' dtype
+    (it has no float32 output for them), so these calls compute in float32."""
+    if dtype not in _HALF:
+        return False
+    return out_dtype in (torch.float32, torch.float64) or epilogue.amax_into is not None
 
 
 def _flat_epilogue(epilogue: Epilogue, out_shape: tuple[int, ...], m: int, n: int) -> Epilogue:
@@ -140,17 +158,22 @@ def gemm(
         )
     flat = a.dim() == 2
     out_shape = (*a.shape[:-1], b.shape[1])
-    a_MK = a if flat else a.reshape(-1, a.shape[-1])
-    m, n = a_MK.shape[0], b.shape[1]
+    m, k, n = math.prod(a.shape[:-1]), b.shape[0], b.shape[1]
+    a_MK = a if flat else a.reshape(m, k)
     epilogue = _flat_epilogue(epilogue, out_shape, m, n)
-    problem = Problem(a_MK, b, bias, epilogue, out_dtype or a.dtype)
+    dtype = out_dtype or a.dtype
+    if _sums_in_float32(a.dtype, out_dtype, epilogue):
+        a_MK, b = a_MK.float(), b.float()
+        bias = None if bias is None else bias.float()
+    problem = Problem(a_MK, b, bias, epilogue, dtype)
     recording = torch.is_grad_enabled() and (
         a.requires_grad
         or b.requires_grad
         or (bias is not None and bias.requires_grad)
-        or (bool(epilogue.captured) and any(t.requires_grad for t in epilogue.captured))
+        or any(t.requires_grad for t in epilogue.captured)
     )
-    chosen = route("aten+eager") if recording or m == 0 else choose(problem)
+    empty = m == 0 or k == 0 or n == 0  # nothing to tune: torch's answer (bias, or empty)
+    chosen = route("aten+eager") if recording or empty else choose(problem)
     out = chosen.run(problem)
     return out if flat else out.reshape(out_shape)
 
@@ -171,10 +194,13 @@ def linear(
     ``[B, 1, K]``) and quantized weights take :func:`torchnext.gemm.gemv.linear`'s GEMV
     path, with the epilogue applied in place on its fresh output.
     """
+    _check_out_dtype(out_dtype)
     if isinstance(weight, torch.Tensor) and not _is_torchao(weight):
         return _dense_linear(x, weight, bias, epilogue, out_dtype)
-    out = gemv.linear(x, weight, bias)
-    return _epilogue_after(out, epilogue, out_dtype)
+    # The quantized routes sum in float32: keep that where the result or an amax needs it.
+    wide = isinstance(x, torch.Tensor) and _sums_in_float32(x.dtype, out_dtype, epilogue or _EMPTY)
+    out = gemv.linear(x, weight, bias, out_dtype=torch.float32 if wide else None)
+    return _epilogue_after(out, epilogue, out_dtype or x.dtype)
 
 
 def _is_torchao(weight: torch.Tensor) -> bool:
@@ -200,19 +226,28 @@ def _dense_linear(
             f"{list(weight.shape)} (K={weight.shape[1]}); expected x [..., K] and weight [N, K] "
             "as in nn.Linear"
         )
-    decode = x.dim() >= 1 and x.shape[-1] > 0 and x.numel() // x.shape[-1] <= GEMV_MAX_ROWS
-    out = gemv.dense_or_none(x, weight, bias) if decode else None
+    decode = (
+        isinstance(x, torch.Tensor)
+        and x.dim() >= 1
+        and x.shape[-1] > 0
+        and x.numel() // x.shape[-1] <= GEMV_MAX_ROWS
+    )
+    out = None
+    if decode:
+        wide = _sums_in_float32(x.dtype, out_dtype, epilogue or _EMPTY)
+        out = gemv.dense_or_none(x, weight, bias, out_dtype=torch.float32 if wide else None)
     if out is None:
         return gemm(x, weight.t(), bias=bias, epilogue=epilogue, out_dtype=out_dtype)
-    return _epilogue_after(out, epilogue, out_dtype)
+    return _epilogue_after(out, epilogue, out_dtype or x.dtype)
 
 
 def _epilogue_after(
-    out: torch.Tensor, epilogue: Epilogue | None, out_dtype: torch.dtype | None
+    out: torch.Tensor, epilogue: Epilogue | None, dtype: torch.dtype
 ) -> torch.Tensor:
-    """The epilogue on a GEMV's fresh output: in place unless autograd records it."""
+    """The epilogue on a GEMV's fresh output (in place unless autograd records it), its amax,
+    then the cast to ``dtype``."""
     if epilogue is None:
-        return out if out_dtype is None else out.to(out_dtype)
+        return out if out.dtype == dtype else out.to(dtype)
     rows = out.numel() // max(out.shape[-1], 1)
     out_MN = out.reshape(rows, out.shape[-1])
     flat = _flat_epilogue(epilogue, tuple(out.shape), rows, out.shape[-1])
@@ -226,7 +261,7 @@ def _epilogue_after(
         if flat.amax_into is not None:
             flat.amax_into.copy_(out_MN.abs().amax().float())
     result = out_MN.reshape(out.shape)
-    return result if out_dtype is None else result.to(out_dtype)
+    return result if result.dtype == dtype else result.to(dtype)
 
 
 def _describe(value: object) -> str:

@@ -16,13 +16,13 @@ QuantizedWeight        CPU             ``cpu-q4-gemv``: fused       ``cpu-q4-chu
                                                                     (C), then ``mm``
 QuantizedWeight        CUDA + Triton   ``triton-q4-gemv``           ``torch-q4-chunked``
 QuantizedWeight        other / traced  ``torch-q4-chunked``         ``torch-q4-chunked``
-bfloat16 / float32     CPU with        ``cpu-dense-gemv``: AVX-512  ``aten`` (``F.linear``)
+bfloat16 / float32     CPU with        ``cpu-dense512``: AVX-512    ``aten`` (``F.linear``)
 (``AVX512_MIN_         AVX-512 (BF16   tiles (C), operands, bias
 ELEMENTS`` and more)   for bfloat16)   and result in their dtype
-bfloat16 / float16     other CPU       ``cpu-dense-gemv``: rows     ``aten``
-(``DENSE_MIN_ELEMENTS``                upcast in registers (AVX2
-and more)                              C); 2 or more only where
-                                       torch emulates the dtype
+float16, and bfloat16  CPU with AVX2   ``cpu-dense-gemv``: rows     ``aten``
+without BF16                           upcast in registers (AVX2
+(``DENSE_MIN_ELEMENTS``                C); 2 or more only where
+and more)                              torch emulates the dtype
 anything else          any             ``aten``                     ``aten``
 =====================  ==============  ===========================  =========================
 
@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchnext.compat.gemm_internals import onednn_has_bf16
 from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import gemv_cpu
 from torchnext.gemm.grouped_cpu import cpu_upcasts
@@ -80,11 +81,12 @@ DENSE_MIN_ELEMENTS = 1 << 19
 when M > 1)."""
 
 AVX512_MIN_ELEMENTS = {torch.bfloat16: (1 << 16, 1 << 16), torch.float32: (1 << 20, 1 << 18)}
-"""Weight elements from which ``cpu-dense-gemv``'s AVX-512 tiles run, per dtype, for one row of
+"""Weight elements from which ``cpu-dense512``'s AVX-512 tiles run, per dtype, for one row of
 ``x`` and for more. Below them torch's call plus less Python was measured faster (float32 at
 one row: torch's GEMV is quick while the weight sits in cache)."""
 
 _ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def _is_torchao(weight: object) -> bool:
@@ -96,11 +98,15 @@ def _tracing() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
-def _recording(x: Tensor, weight: object) -> bool:
+def _recording(x: Tensor, weight: object, bias: Tensor | None = None) -> bool:
     """Autograd records this call: only the torch routes have a backward."""
     if not torch.is_grad_enabled():
         return False
-    return x.requires_grad or (isinstance(weight, Tensor) and weight.requires_grad)
+    return (
+        x.requires_grad
+        or (isinstance(weight, Tensor) and weight.requires_grad)
+        or (isinstance(bias, Tensor) and bias.requires_grad)
+    )
 
 
 def _triton_available() -> bool:
@@ -121,14 +127,14 @@ def _cpu() -> gemv_cpu.CpuKernels:
 _DENSE = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
+def route(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> str:
     """The route :func:`linear` takes for these operands (see the module's table)."""
     k = x.shape[-1] if x.dim() else 0
     rows = x.numel() // max(k, 1)
     gemv = rows <= GEMV_MAX_ROWS
     if isinstance(weight, QuantizedWeight) or _is_torchao(weight):
         # The C and Triton kernels have no backward: under autograd the torch routes run.
-        plain = not (_tracing() or _recording(x, weight))
+        plain = not (_tracing() or _recording(x, weight, bias))
         device = weight.device
         if device.type == "cpu" and plain and gemv_cpu.kernels() is not None:
             return "cpu-q4-gemv" if gemv else "cpu-q4-chunked"
@@ -136,21 +142,23 @@ def route(x: Tensor, weight: Tensor | QuantizedWeight) -> str:
             return "triton-q4-gemv"
         return "torch-q4-chunked"
     # A dense weight: the cheap tests first, since most calls end in "aten" and every call
-    # of F.linear's size pays for them.
+    # of F.linear's size pays for them; tracing before the kernel lookup, which Dynamo
+    # cannot trace (it reads the disk on first use).
     if not isinstance(weight, Tensor) or not gemv or weight.dtype not in _DENSE:
         return "aten"
-    if not weight.is_cpu or weight.dim() != 2 or x.dtype != weight.dtype:
+    if not (weight.is_cpu and x.is_cpu) or weight.dim() != 2 or x.dtype != weight.dtype:
         return "aten"  # the dense C kernels are CPU code, for one dtype
+    if weight.stride(-1) != 1 or _tracing() or _recording(x, weight, bias):
+        return "aten"
     cpu = gemv_cpu.kernels()
-    if cpu is None or weight.stride(-1) != 1 or _tracing() or _recording(x, weight):
+    if cpu is None:
         return "aten"
     if weight.dtype in cpu.avx512_dtypes:
         # AVX-512 tiles (bfloat16 dot products, float32 FMA): 1.2 to 4x torch's GEMM at 1 to 8
         # rows from this size on (measured); below it torch's call plus less Python wins.
         one_row, more_rows = AVX512_MIN_ELEMENTS[weight.dtype]
-        return (
-            "cpu-dense-gemv" if weight.numel() >= (one_row if rows == 1 else more_rows) else "aten"
-        )
+        big = weight.numel() >= (one_row if rows == 1 else more_rows)
+        return "cpu-dense512" if big else "aten"
     if weight.dtype == torch.float32:
         return "aten"
     # From two rows on, a CPU with instructions for the dtype runs torch's GEMM, which
@@ -172,11 +180,22 @@ def available_routes(device: str = "cpu") -> dict[str, str]:
         return {
             "cpu-q4-gemv": status,
             "cpu-q4-chunked": status,
+            "cpu-dense512": _avx512_status(cc),
             "cpu-dense-gemv": status,
             "torch-q4-chunked": "available (pure torch, any device)",
         }
     triton = "available" if _triton_available() else "missing: pip install 'torchnext[gpu]'"
     return {"triton-q4-gemv": triton, "torch-q4-chunked": "available (pure torch, any device)"}
+
+
+def _avx512_status(cc: str | None) -> str:
+    # Without building: torch's own probes of the CPU (the kernel checks again at run time).
+    if cc is None:
+        return "missing: no C compiler"
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return "missing: this CPU has no AVX-512 (the AVX2 tiles serve bfloat16/float16)"
+    dtypes = "bfloat16 and float32" if onednn_has_bf16() else "float32 (no AVX-512 BF16)"
+    return f"available for {dtypes} (C kernels, built once with {cc})"
 
 
 def _check(x: Tensor, n: int, k: int, device: torch.device, bias: Tensor | None) -> None:
@@ -202,65 +221,104 @@ def _check(x: Tensor, n: int, k: int, device: torch.device, bias: Tensor | None)
         raise GemmInputError(f"bias.device={bias.device}; expected {device} (the weight's)")
 
 
-def linear(x: Tensor, weight: Tensor | QuantizedWeight, bias: Tensor | None = None) -> Tensor:
+def linear(
+    x: Tensor,
+    weight: Tensor | QuantizedWeight,
+    bias: Tensor | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+) -> Tensor:
     """``F.linear(x, W, bias)`` for a dense ``W`` or a 4-bit :class:`QuantizedWeight`.
 
     Equivalent to (up to float32 rounding, the order of the sums differing)::
 
         W = weight.dequantize(torch.float64) if quantized else weight.double()
         y = x.double() @ W.T + (0 if bias is None else bias.double())
-        return y.to(x.dtype)                    # [..., N]
+        return y.to(out_dtype or x.dtype)       # [..., N]
 
     ``x`` is ``[..., K]`` in float32, bfloat16 or float16 (a dense weight's dtype for a dense
-    weight, as ``F.linear``); ``bias`` ``[N]`` in ``x.dtype``. Raises :class:`GemmInputError`
-    when the shapes do not contract, the devices differ, or a dtype is not one of these.
+    weight, as ``F.linear``); ``bias`` ``[N]`` in ``x.dtype``. ``out_dtype`` (float32,
+    bfloat16, float16 or float64) keeps the float32 sums for bfloat16/float16 operands
+    (``torch.float32``); on the ``aten`` route that upcasts the operands for the call. Raises
+    :class:`GemmInputError` when the shapes do not contract, the devices differ, or a dtype
+    is not one of these.
     """
+    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
+        raise GemmInputError(
+            f"linear(out_dtype={out_dtype}): expected one of {list(_OUT_DTYPES)} or None (x's "
+            "dtype); cast the result yourself for other dtypes"
+        )
     if _is_torchao(weight):
         weight = weight_from_torchao(weight)  # type: ignore[arg-type]
     if isinstance(weight, QuantizedWeight):
-        return _quantized(x, weight, bias)
-    out = dense_or_none(x, weight, bias)
-    return F.linear(x, weight, bias) if out is None else out
-
-
-def dense_or_none(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor | None:
-    """:func:`linear` for a dense weight where :func:`route` names a C route, else ``None``
-    (after the same checks), for a caller that runs its own GEMM on the ``aten`` route."""
+        return _quantized(x, weight, bias, out_dtype or x.dtype)
     if not isinstance(weight, Tensor) or weight.dim() != 2:
         raise GemmInputError(
             f"weight is {type(weight).__name__} of shape {tuple(getattr(weight, 'shape', ()))}; "
             f"expected a 2-D [N, K] tensor, a QuantizedWeight, or torchao's NVFP4Tensor/MXTensor"
         )
-    n, k = weight.shape
-    _check(x, n, k, weight.device, bias)
-    if x.dtype != weight.dtype:
+    if isinstance(x, Tensor) and x.dtype != weight.dtype:  # before the bias, which follows x
         raise GemmInputError(
             f"x.dtype={x.dtype}, weight.dtype={weight.dtype}; expected the same dtype (as "
             f"F.linear); convert x with x.to({weight.dtype})"
         )
-    if route(x, weight) != "cpu-dense-gemv" or x.numel() == 0:
+    n, k = weight.shape
+    _check(x, n, k, weight.device, bias)
+    out = dense_or_none(x, weight, bias, out_dtype=out_dtype)
+    if out is not None:
+        return out
+    dtype = out_dtype or x.dtype
+    if dtype.itemsize > x.dtype.itemsize:  # torch's GEMM rounds to x's dtype: sum wider
+        wide = torch.float32 if dtype != torch.float64 else dtype
+        b = None if bias is None else bias.to(wide)
+        return F.linear(x.to(wide), weight.to(wide), b).to(dtype)
+    return F.linear(x, weight, bias).to(dtype)
+
+
+def dense_or_none(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+) -> Tensor | None:
+    """``F.linear(x, weight, bias)`` in ``out_dtype`` (default ``x.dtype``) on a dense C route
+    where :func:`route` names one and the operands fit it exactly, else ``None``: it checks
+    nothing else and raises nothing, for callers (:func:`linear`, ``torchnext.gemm.linear``)
+    that validate and run their own GEMM otherwise."""
+    name = route(x, weight, bias)
+    if name not in ("cpu-dense512", "cpu-dense-gemv") or x.numel() == 0:
         return None
+    n, k = weight.shape
+    if x.shape[-1] != k or (
+        bias is not None and (tuple(bias.shape) != (n,) or bias.dtype != x.dtype or not bias.is_cpu)
+    ):
+        return None
+    dtype = out_dtype or x.dtype
     cpu = _cpu()
     x_MK = x.reshape(-1, k)
-    if weight.dtype in cpu.avx512_dtypes:
-        # x, bias and the result in their own dtype: one C call, no casts on the step's path.
-        out_MN = torch.empty(x_MK.shape[0], n, dtype=x.dtype)
+    if name == "cpu-dense512":
+        # x, bias and the result as they are: one C call, no casts on the step's path.
+        direct = dtype in (torch.bfloat16, torch.float32)
+        out_MN = torch.empty(x_MK.shape[0], n, dtype=dtype if direct else torch.float32)
         bias_N = None if bias is None else bias.contiguous()
         cpu.dense512(weight, x_MK.contiguous(), bias_N, out_MN)
+        out_MN = out_MN if direct else out_MN.to(dtype)
         return out_MN.reshape(*x.shape[:-1], n)
     out_MN = torch.empty(x_MK.shape[0], n)
     cpu.dense_gemv(weight, x_MK.float().contiguous(), out_MN)
-    return _finish(out_MN, x, bias)
+    return _finish(out_MN, x, bias, dtype)
 
 
-def _finish(out_MN: Tensor, x: Tensor, bias: Tensor | None) -> Tensor:
+def _finish(out_MN: Tensor, x: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """Bias (in float32), the cast to ``dtype``, and x's leading dimensions."""
     if bias is not None:
         out_MN += bias.float()
     # Contiguous, as F.linear's result (the GEMV's output has rows padded to a multiple of 8).
-    return out_MN.to(x.dtype).contiguous().reshape(*x.shape[:-1], out_MN.shape[-1])
+    return out_MN.to(dtype).contiguous().reshape(*x.shape[:-1], out_MN.shape[-1])
 
 
-def _quantized(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
+def _quantized(x: Tensor, w: QuantizedWeight, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
     n, k = w.shape
     _check(x, n, k, w.device, bias)
     if x.dtype not in _ACT_DTYPES:
@@ -268,12 +326,12 @@ def _quantized(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
             f"x.dtype={x.dtype}; expected one of {list(_ACT_DTYPES)} with a quantized weight; "
             f"convert x with x.float()"
         )
-    name = route(x, w)
+    name = route(x, w, bias)
     if name == "cpu-q4-gemv" and x.numel():
         # The kernel reads x in its own dtype: no conversion on the decode step's path.
         out_MN = torch.empty(x.numel() // k, n)
         _cpu().q4_gemv(w, x.reshape(-1, k).contiguous(), out_MN)
-        return _finish(out_MN, x, bias)
+        return _finish(out_MN, x, bias, dtype)
     x_MK = x.reshape(-1, k).float().contiguous()
     if x_MK.shape[0] == 0:
         out_MN = x_MK.new_empty((0, n))
@@ -285,7 +343,7 @@ def _quantized(x: Tensor, w: QuantizedWeight, bias: Tensor | None) -> Tensor:
         out_MN = triton_gemv.q4_gemv(x_MK, w)
     else:
         out_MN = _torch_chunked(x_MK, w)
-    return _finish(out_MN, x, bias)
+    return _finish(out_MN, x, bias, dtype)
 
 
 def _chunk_rows(w: QuantizedWeight) -> int:

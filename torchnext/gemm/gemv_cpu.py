@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from torchnext.errors import GemmUnsupportedError
+from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import gemv_avx512_source, gemv_cpu_source
 from torchnext.gemm.quantized_weight import SCALE_KINDS, QuantizedWeight
 
@@ -115,20 +115,60 @@ class CpuKernels:
         bias_N: torch.Tensor | None,
         out_MN: torch.Tensor,
     ) -> None:
-        """``out_MN = x_MK @ w_NK.T + bias_N``, summed in float32 and rounded once: all of one
-        dtype in :attr:`avx512_dtypes`, ``x_MK``, ``bias_N`` and ``out_MN`` contiguous and
-        ``w_NK`` with unit last stride; ``bias_N`` may be None."""
+        """``out_MN = x_MK @ w_NK.T + bias_N``, summed in float32 and rounded once: ``x_MK``,
+        ``w_NK`` and ``bias_N`` of one dtype in :attr:`avx512_dtypes`, ``out_MN`` bfloat16 or
+        float32; ``x_MK``, ``bias_N`` and ``out_MN`` contiguous and ``w_NK`` with unit last
+        stride; ``bias_N`` may be None."""
         if x_MK.dtype not in self.avx512_dtypes:
             raise GemmUnsupportedError(
                 f"dense512: x_MK.dtype={x_MK.dtype}; this CPU runs it for "
                 f"{sorted(str(d) for d in self.avx512_dtypes) or 'no dtype (no AVX-512)'}; "
                 "call dense_gemv or F.linear instead"
             )
+        _check_dense512(w_NK, x_MK, bias_N, out_MN)
         (m, k), kind = x_MK.shape, SCALE_KINDS[x_MK.dtype]
         bias = None if bias_N is None else bias_N.data_ptr()
-        ptrs = [w_NK.data_ptr(), w_NK.stride(0), x_MK.data_ptr(), k, kind, bias, out_MN.data_ptr()]
+        out = [out_MN.data_ptr(), SCALE_KINDS[out_MN.dtype]]
+        ptrs = [w_NK.data_ptr(), w_NK.stride(0), x_MK.data_ptr(), k, kind, bias, *out]
         if self._lib.tn_dense512(m, w_NK.shape[0], k, *ptrs, torch.get_num_threads()):
-            raise GemmUnsupportedError(f"dense512: the kernel refused {x_MK.dtype} on this CPU")
+            raise GemmUnsupportedError(
+                f"dense512: the kernel found no AVX-512 instructions for {x_MK.dtype} on this "
+                "CPU although the library reported them; rebuild with kernels() after "
+                "clearing the kernel folder, or use F.linear"
+            )
+
+
+def _check_dense512(
+    w_NK: torch.Tensor, x_MK: torch.Tensor, bias_N: torch.Tensor | None, out_MN: torch.Tensor
+) -> None:
+    """What the C code takes on trust: it reads and writes by raw pointers."""
+    m, k = x_MK.shape
+    n = w_NK.shape[0]
+    problems = []
+    if w_NK.dim() != 2 or w_NK.shape[1] != k or w_NK.dtype != x_MK.dtype or w_NK.stride(-1) != 1:
+        problems.append(
+            f"w_NK {w_NK.dtype} {list(w_NK.shape)} (expected {x_MK.dtype} [N, {k}], unit last stride)"
+        )
+    if not x_MK.is_contiguous():
+        problems.append("x_MK is not contiguous")
+    if bias_N is not None and (
+        tuple(bias_N.shape) != (n,) or bias_N.dtype != x_MK.dtype or not bias_N.is_contiguous()
+    ):
+        problems.append(
+            f"bias_N {bias_N.dtype} {list(bias_N.shape)} (expected contiguous {x_MK.dtype} [{n}])"
+        )
+    if (
+        tuple(out_MN.shape) != (m, n)
+        or out_MN.dtype not in (torch.bfloat16, torch.float32)
+        or not out_MN.is_contiguous()
+    ):
+        problems.append(
+            f"out_MN {out_MN.dtype} {list(out_MN.shape)} (expected contiguous bfloat16 or float32 [{m}, {n}])"
+        )
+    if any(not t.is_cpu for t in (w_NK, x_MK, out_MN)):
+        problems.append("an operand is not on the CPU")
+    if problems:
+        raise GemmInputError("dense512: " + "; ".join(problems))
 
 
 def compiler() -> str | None:
@@ -180,8 +220,15 @@ def build(*, portable: bool = False, folder: Path | None = None) -> Path | None:
         src = Path(tmp) / "gemv.c"
         src.write_text(_SOURCE)
         out = Path(tmp) / "gemv.so"
-        # OpenMP when the compiler has it (clang on macOS often lacks it): then one thread.
-        for extra in (["-fopenmp"], []):
+        # OpenMP when the compiler has it (clang on macOS often lacks it): then one thread;
+        # without the AVX-512 tiles when the compiler or assembler cannot build them.
+        attempts: list[list[str]] = [
+            ["-fopenmp"],
+            [],
+            ["-fopenmp", "-DTN_NO_AVX512"],
+            ["-DTN_NO_AVX512"],
+        ]
+        for extra in attempts:
             proc = subprocess.run(
                 [cc, *flags, *extra, str(src), "-o", str(out)],
                 capture_output=True,
@@ -211,7 +258,7 @@ def _load(path: Path) -> CpuKernels:
     ]
     lib.tn_dense_gemv.argtypes = [i64, i64, i64, ptr, i64, c_int, ptr, ptr, c_int]
     lib.tn_avx512_kinds.argtypes, lib.tn_avx512_kinds.restype = [], c_int
-    lib.tn_dense512.argtypes = [i64, i64, i64, ptr, i64, ptr, i64, c_int, ptr, ptr, c_int]
+    lib.tn_dense512.argtypes = [i64, i64, i64, ptr, i64, ptr, i64, c_int, ptr, ptr, c_int, c_int]
     lib.tn_dense512.restype = c_int
     lib.tn_q4_gemv.restype = c_int
     for fn in (lib.tn_q4_dequant, lib.tn_dense_gemv):
