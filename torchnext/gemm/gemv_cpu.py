@@ -54,14 +54,14 @@ from pathlib import Path
 import torch
 
 from torchnext.errors import GemmInputError, GemmUnsupportedError
-from torchnext.gemm import gemv_avx512_source, gemv_cpu_source
+from torchnext.gemm import gemv_avx512_source, gemv_cpu_source, grouped_avx512_source
 from torchnext.gemm.quantized_weight import SCALE_KINDS, QuantizedWeight
 
 __all__ = ["CpuKernels", "build", "compiler", "kernels"]
 
 log = logging.getLogger(__name__)
 
-_SOURCE = gemv_cpu_source.SOURCE + gemv_avx512_source.SOURCE
+_SOURCE = gemv_cpu_source.SOURCE + gemv_avx512_source.SOURCE + grouped_avx512_source.SOURCE
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,84 @@ class CpuKernels:
                 "CPU although the library reported them; rebuild with kernels() after "
                 "clearing the kernel folder, or use F.linear"
             )
+
+    def grouped512(
+        self,
+        a_MK: torch.Tensor,
+        b_GKN: torch.Tensor,
+        groups: torch.Tensor,
+        bias_GN: torch.Tensor | None,
+        out_MN: torch.Tensor,
+        *,
+        chunk: int,
+    ) -> None:
+        """``out_MN[s:e] = a_MK[s:e] @ b_GKN[g] (+ bias_GN[g])`` for each row ``(g, s, e)`` of
+        ``groups`` (int64 ``[n, 3]``), float32, on OpenMP threads over (group, ``chunk``
+        columns) items; rows of ``out_MN`` in no listed group are left as they are.
+
+        Needs AVX-512F (``torch.float32 in avx512_dtypes``). ``a_MK``, ``b_GKN`` and ``out_MN``
+        with unit last stride, ``bias_GN`` likewise or None; see
+        :mod:`torchnext.gemm.grouped_avx512_source`.
+        """
+        if torch.float32 not in self.avx512_dtypes:
+            raise GemmUnsupportedError(
+                "grouped512: this CPU has no AVX-512F; use torchnext.gemm.grouped_mm, which "
+                "routes elsewhere"
+            )
+        _check_grouped512(a_MK, b_GKN, groups, bias_GN, out_MN, chunk)
+        g_n, k, n = len(groups), a_MK.shape[1], b_GKN.shape[2]
+        gid, starts, ends = (groups[:, i].contiguous() for i in range(3))
+        head = [g_n, gid.data_ptr(), starts.data_ptr(), ends.data_ptr(), k, n]
+        ab = [a_MK.data_ptr(), a_MK.stride(0), b_GKN.data_ptr(), b_GKN.stride(1), b_GKN.stride(0)]
+        bias = [None, 0] if bias_GN is None else [bias_GN.data_ptr(), bias_GN.stride(0)]
+        tail = [out_MN.data_ptr(), out_MN.stride(0), chunk, torch.get_num_threads()]
+        if self._lib.tn_grouped512(*head, *ab, *bias, *tail):
+            raise GemmUnsupportedError(
+                "grouped512: the kernel found no AVX-512F on this CPU although the library "
+                "reported it; rebuild with kernels() after clearing the kernel folder"
+            )
+
+
+def _check_grouped512(
+    a_MK: torch.Tensor,
+    b_GKN: torch.Tensor,
+    groups: torch.Tensor,
+    bias_GN: torch.Tensor | None,
+    out_MN: torch.Tensor,
+    chunk: int,
+) -> None:
+    """What the C code takes on trust: it reads and writes by raw pointers."""
+    problems = []
+    ops = {"a_MK": (a_MK, 2), "b_GKN": (b_GKN, 3), "out_MN": (out_MN, 2)}
+    if bias_GN is not None:
+        ops["bias_GN"] = (bias_GN, 2)
+    for name, (t, dims) in ops.items():
+        if t.dim() != dims or t.dtype != torch.float32 or t.stride(-1) != 1 or not t.is_cpu:
+            problems.append(
+                f"{name} {t.dtype} {list(t.shape)} on {t.device} "
+                f"(expected float32, {dims}-D, unit last stride, on the CPU)"
+            )
+    if problems:
+        raise GemmInputError("grouped512: " + "; ".join(problems))
+    m, k = a_MK.shape
+    g, n = b_GKN.shape[0], b_GKN.shape[2]
+    if b_GKN.shape[1] != k or tuple(out_MN.shape) != (m, n):
+        problems.append(
+            f"shapes a_MK {list(a_MK.shape)}, b_GKN {list(b_GKN.shape)}, out_MN "
+            f"{list(out_MN.shape)} (expected [M, K], [G, K, N], [M, N])"
+        )
+    if bias_GN is not None and tuple(bias_GN.shape) != (g, n):
+        problems.append(f"bias_GN {list(bias_GN.shape)} (expected [{g}, {n}])")
+    if groups.dtype != torch.int64 or groups.dim() != 2 or groups.shape[1] != 3:
+        problems.append(f"groups {groups.dtype} {list(groups.shape)} (expected int64 [n, 3])")
+    elif len(groups):
+        gid, s, e = groups.unbind(1)
+        if bool((gid < 0).any() | (gid >= g).any() | (s < 0).any() | (e < s).any() | (e > m).any()):
+            problems.append(f"groups hold a group outside [0, {g}) or rows outside [0, {m}]")
+    if chunk <= 0:
+        problems.append(f"chunk={chunk} (expected a positive column count)")
+    if problems:
+        raise GemmInputError("grouped512: " + "; ".join(problems))
 
 
 def _check_dense512(
@@ -260,6 +338,9 @@ def _load(path: Path) -> CpuKernels:
     lib.tn_avx512_kinds.argtypes, lib.tn_avx512_kinds.restype = [], c_int
     lib.tn_dense512.argtypes = [i64, i64, i64, ptr, i64, ptr, i64, c_int, ptr, ptr, c_int, c_int]
     lib.tn_dense512.restype = c_int
+    lib.tn_grouped512.argtypes = [i64, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, i64]
+    lib.tn_grouped512.argtypes += [ptr, i64, ptr, i64, i64, c_int]
+    lib.tn_grouped512.restype = c_int
     lib.tn_q4_gemv.restype = c_int
     for fn in (lib.tn_q4_dequant, lib.tn_dense_gemv):
         fn.restype = None

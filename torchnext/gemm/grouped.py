@@ -12,9 +12,11 @@ kernel) and on every other GPU (through one Triton kernel, :mod:`torchnext.gemm.
 It is a registered op (``torchnext::grouped_mm``) with a backward, so it works under
 autograd and inside ``torch.compile`` graphs. :func:`available_routes` lists what runs here.
 
-CPU routes: 3-D x 3-D is one ``bmm``; every form with offsets takes the looped route of
-:mod:`torchnext.gemm.grouped_cpu` (torch's C++ loop on one thread, else balanced runs on
-worker threads; 16-bit inputs widened to float32 on CPUs without bfloat16 instructions).
+CPU routes: 3-D x 3-D is one ``bmm``; every form with offsets takes the routes of
+:mod:`torchnext.gemm.grouped_cpu`: float32 groups of at most 64 rows (2-D x 3-D, weights
+stored ``[K, N]``) on an AVX-512 kernel where the CPU has AVX-512F, the rest on torch's C++
+loop on one thread, else balanced runs on worker threads (16-bit inputs widened to float32 on
+CPUs without bfloat16 instructions).
 This module checks the arguments, registers the op and its backward, and picks the route.
 
 What not to assume:
@@ -45,6 +47,7 @@ from torchnext.gemm.grouped_cpu import (
     GroupedProblem,
     cpu_upcasts,
     grouped_mm_looped,
+    small_group_kernel,
     threads_are_per_worker,
     zero_tail,
 )
@@ -118,8 +121,9 @@ def grouped_mm(
 def available_routes(device: torch.device | str = "cpu") -> dict[str, bool]:
     """Which of :func:`grouped_mm`'s routes can run on ``device`` (for ``torchnext doctor``).
 
-    ``torch-loop``: torch's own C++ loop (float32, one thread); ``threads``: the split over
-    worker threads (OpenMP builds); ``torch-kernel``: torch's grouped CUDA kernel (sm90 or
+    ``torch-loop``: torch's own C++ loop (float32, one thread); ``cpu-avx512``: the AVX-512
+    kernel for float32 groups of at most 64 rows (:mod:`torchnext.gemm.grouped_avx512_source`);
+    ``threads``: the split over worker threads (OpenMP builds); ``torch-kernel``: torch's grouped CUDA kernel (sm90 or
     sm100, bfloat16); ``triton``: the Triton kernel (CUDA with Triton installed); ``loop``:
     a Python loop of ``mm``, which always runs.
     """
@@ -127,6 +131,7 @@ def available_routes(device: torch.device | str = "cpu") -> dict[str, bool]:
     cuda = dev.type == "cuda" and torch.cuda.is_available()
     return {
         "torch-loop": dev.type == "cpu" and _gi.native_grouped_mm() is not None,
+        "cpu-avx512": dev.type == "cpu" and small_group_kernel(),
         "threads": dev.type == "cpu" and threads_are_per_worker(),
         "torch-kernel": cuda and _gi.native_grouped_mm_is_kernel(dev, torch.bfloat16),
         "triton": cuda and triton_grouped.triton_available(),

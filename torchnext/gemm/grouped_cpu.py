@@ -1,20 +1,27 @@
-"""The looped route of :func:`torchnext.gemm.grouped_mm`: one ``mm`` per group, threaded on the CPU.
+"""The CPU routes of :func:`torchnext.gemm.grouped_mm` (and its loop on GPUs without a kernel).
 
-What it is: the route every grouped GEMM with offsets takes on the CPU, and on a GPU where
+What it is: the routes every grouped GEMM with offsets takes on the CPU, and on a GPU where
 neither torch's kernel nor Triton runs. A grouped GEMM streams each used expert's weight once
-and does 2 rows K N flops per group. On one thread torch's C++ loop of ``mm`` is already at
-those two limits, so one thread calls it. With more threads each small ``mm`` of that loop is
-its own OpenMP region that barely scales, so here the groups (cut by rows where one is large)
-are split into one balanced run per thread, each on a worker thread that calls torch
-single-threaded: one hand-off per call instead of a barrier per group. 16-bit inputs are
-widened to float32 per group on CPUs without bfloat16 instructions (:func:`cpu_upcasts`).
+and does 2 rows K N flops per group.
+
+- Small float32 groups (1 to ``_KERNEL_MAX_ROWS`` rows, 2-D x 3-D, ``b[g]`` stored ``[K, N]``)
+  go to the AVX-512 kernel (:mod:`torchnext.gemm.grouped_avx512_source`) where the CPU has
+  AVX-512F: torch's ``mm`` at a few rows reads the weight far below memory bandwidth. The
+  larger groups of the same call then run inline on torch's own threads.
+- Otherwise, on one thread, torch's C++ loop of ``mm``. With more threads each small ``mm`` of
+  that loop is its own OpenMP region, so the groups (cut by rows where one is large) are split
+  into one balanced run per thread, each on a worker thread that calls torch single-threaded:
+  one hand-off per call instead of a barrier per group.
+- 16-bit inputs are widened to float32 per group on CPUs without bfloat16 instructions
+  (:func:`cpu_upcasts`).
 
 When to use: through :func:`torchnext.gemm.grouped_mm`, which checks the arguments and builds
 the :class:`GroupedProblem`; these functions check nothing themselves.
 
 What not to assume: the worker pool is used only under OpenMP (where a worker's thread count
 is its own), and is rebuilt after a fork; a group may be split between threads, so results
-match a float64 reference to float32-accumulation tolerance, not bit for bit.
+match a float64 reference to float32-accumulation tolerance, not bit for bit (the kernel's
+sums run in another order than torch's, too).
 
 Shape legend: M rows, K contraction, N columns; ``a_mk``/``b_kn``/``out_mn``/``bias_n`` one
 group's (or one run's) slices of ``mat_a``, ``mat_b``, the output and the bias.
@@ -33,11 +40,13 @@ import torch
 from torch import Tensor
 
 from torchnext.compat import gemm_internals as _gi
+from torchnext.gemm import gemv_cpu
 
 __all__ = [
     "GroupedProblem",
     "cpu_upcasts",
     "grouped_mm_looped",
+    "small_group_kernel",
     "threads_are_per_worker",
     "zero_tail",
 ]
@@ -46,6 +55,10 @@ _HALF = (torch.bfloat16, torch.float16)
 # Below this many multiply-adds a CPU call stays on the calling thread: handing work to the
 # pool costs tens of microseconds.
 _THREADED_MIN_MACS = 1 << 22
+# Groups of at most this many rows go to the AVX-512 kernel where it runs: measured against
+# torch's mm at K = N = 512 and 1024, it wins 2-3x at 4 to 8 rows, 1.2-1.4x at 64, and is
+# level at 128.
+_KERNEL_MAX_ROWS = 64
 # A group costs about its rows plus this many rows' worth of streaming its weight once
 # (memory bandwidth against FMA rate on the CPUs measured); used to balance threads.
 _WEIGHT_ROWS = 8
@@ -96,9 +109,11 @@ def grouped_mm_looped(
     else:
         macs = used * a.shape[-1] * (shape[1] if mode == "2d3d" else shape[0])
     threaded = threads > 1 and macs >= _THREADED_MIN_MACS
+    small = _small_groups(a, b, bias, p)
     native = _gi.native_grouped_mm()
     if (
         native is not None
+        and not small
         and cpu
         and not threaded
         and ends
@@ -111,11 +126,14 @@ def grouped_mm_looped(
         # per-group cost; its one flaw, the uninitialised tail, is fixed here.
         return zero_tail(native(a, b, offs=offs.contiguous()), mode, ends)
     out = torch.empty(shape, dtype=dtype, device=a.device)
+    if small:
+        _run_small(a, b, bias, out, small)
+    done = {g for g, _, _ in small}
     items: list[_Item] = []
     start = 0
     for g, end in enumerate(ends):
         x = None if bias is None else (bias[start:end] if mode == "3d2d" else bias[g])
-        if mode == "2d3d" and end > start:
+        if mode == "2d3d" and end > start and g not in done:
             items.append((a[start:end], b[g], out[start:end], x))
         elif mode == "3d2d" and end > start:
             items.append((a[g], b[:, start:end], out[:, start:end], x))
@@ -126,13 +144,61 @@ def grouped_mm_looped(
         zero_tail(out, mode, ends)
     else:
         out.zero_()
-    if threaded and len(items) > 1:
+    # Beside the kernel, the large groups run inline on torch's own threads: measured at 2
+    # threads, torch's loop scaled better than the worker threads on such groups (0.87x).
+    if threaded and len(items) > 1 and not small:
         pool = _pool()
         for f in [pool.submit(_run, c, wide) for c in _balance(items, threads)]:
             f.result()
     else:
         _run(items, wide)
     return out
+
+
+def _small_groups(
+    a: Tensor, b: Tensor, bias: Tensor | None, p: GroupedProblem
+) -> list[tuple[int, int, int]]:
+    """The groups ``(g, start, end)`` the AVX-512 kernel takes: float32 2-D x 3-D groups of
+    1 to ``_KERNEL_MAX_ROWS`` rows with ``b[g]`` stored ``[K, N]`` (unit column stride), on a
+    CPU with AVX-512F and a built kernel library; none otherwise."""
+    mode, _, dtype, ends = p
+    if (
+        mode != "2d3d"
+        or a.device.type != "cpu"
+        or not a.dtype == b.dtype == dtype == torch.float32
+        or a.stride(1) != 1
+        or b.stride(2) != 1
+        or b.shape[2] == 0
+        or (bias is not None and (bias.dtype != torch.float32 or bias.stride(1) != 1))
+    ):
+        return []
+    if not small_group_kernel():
+        return []
+    starts = [0, *ends[:-1]]
+    spans = enumerate(zip(starts, ends, strict=True))
+    return [(g, s, e) for g, (s, e) in spans if 0 < e - s <= _KERNEL_MAX_ROWS]
+
+
+def small_group_kernel() -> bool:
+    """Whether the AVX-512 kernel for small float32 groups runs here (builds it on first use)."""
+    kern = gemv_cpu.kernels()
+    return kern is not None and torch.float32 in kern.avx512_dtypes
+
+
+def _run_small(
+    a: Tensor, b: Tensor, bias: Tensor | None, out: Tensor, small: list[tuple[int, int, int]]
+) -> None:
+    """The small groups on the AVX-512 kernel, its OpenMP threads over (group, column chunk)."""
+    kern = gemv_cpu.kernels()
+    if kern is None:  # _small_groups found it; kernels() is cached
+        raise RuntimeError("grouped_mm: the CPU kernels vanished between two calls")
+    n, threads = out.shape[1], torch.get_num_threads()
+    # Whole rows of b per item while there are groups enough to keep every thread busy;
+    # otherwise each group's columns are split between the threads.
+    chunk = n if len(small) >= 4 * threads else max(64, -(-n // threads // 64) * 64)
+    groups = torch.tensor(small, dtype=torch.int64)
+    with torch.no_grad():
+        kern.grouped512(a, b, groups, bias, out, chunk=chunk)
 
 
 def _run(items: Sequence[_Item], wide: bool) -> None:
