@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from torchnext.errors import GemmInputError
+from torchnext.errors import GemmInputError, GemmUnsupportedError
 from torchnext.gemm import gemv_cpu, grouped_cpu
 from torchnext.gemm.grouped import available_routes, grouped_mm
 
@@ -133,21 +133,72 @@ def test_few_groups_split_their_columns_between_threads(kernel_calls: list[int])
 
 @pytest.mark.parametrize(
     "case",
-    ["bfloat16", "weights stored [G, N, K]", "a with a column stride", "only large groups"],
+    [
+        "bfloat16 stored [K, N]",
+        "weights with no unit stride",
+        "a with a column stride",
+        "only large groups",
+        "a float32 bias for bfloat16",
+    ],
 )
 def test_groups_the_kernel_does_not_take_still_run(case: str, kernel_calls: list[int]) -> None:
     a_MK, b_GKN, offs = _problem([3, 5, 2], 32, 48, seed=7)
-    if case == "bfloat16":
+    bias = None
+    if case == "bfloat16 stored [K, N]":
         a_MK, b_GKN = a_MK.bfloat16(), b_GKN.bfloat16()
-    elif case == "weights stored [G, N, K]":
-        b_GKN = b_GKN.transpose(-2, -1).contiguous().transpose(-2, -1)
+    elif case == "weights with no unit stride":
+        b_GKN = torch.randn(3, 64, 96)[:, ::2, ::2]
+    elif case == "a float32 bias for bfloat16":
+        a_MK, b_GKN = a_MK.bfloat16(), b_GKN.transpose(-2, -1).contiguous().bfloat16()
+        b_GKN, bias = b_GKN.transpose(-2, -1), torch.randn(3, 48)
     elif case == "a with a column stride":
         a_MK = a_MK.t().contiguous().t()
     else:
         a_MK, b_GKN, offs = _problem([80, 100], 32, 48, seed=7)
-    out = grouped_mm(a_MK, b_GKN, offs=offs)
+    out_dtype = torch.float32 if bias is not None else None
+    out = grouped_mm(a_MK, b_GKN, offs=offs, bias=bias, out_dtype=out_dtype)
     assert kernel_calls == []
-    assert_close_to_reference(out, a_MK, b_GKN, offs)
+    assert_close_to_reference(out, a_MK, b_GKN, offs, bias)
+
+
+_KINDS = set() if _KERNELS is None else _KERNELS.avx512_dtypes
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("dtype", "out_dtype", "taken"),
+    [
+        (torch.float32, None, [3, 0, 1, 5, 32, 2, 9]),
+        (torch.bfloat16, None, [3, 1, 5, 2]),
+        (torch.bfloat16, torch.float32, [3, 1, 5, 2]),
+    ],
+    ids=["float32", "bfloat16", "bfloat16-to-float32"],
+)
+def test_experts_stored_n_by_k_take_the_gemv_tiles(
+    threads: int,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype | None,
+    taken: list[int],
+    kernel_calls: list[int],
+) -> None:
+    if dtype not in _KINDS:
+        pytest.skip(f"this CPU has no AVX-512 instructions for {dtype}")
+    # nn.Linear-style experts [G, N, K] go in transposed; float32 up to 32 rows, bfloat16 to 8.
+    sizes = [3, 0, 1, 70, 5, 32, 33, 2, 9]
+    gen = torch.Generator().manual_seed(23)
+    a_MK = torch.randn(sum(sizes) + 2, 100, generator=gen).to(dtype)
+    w_GNK = torch.randn(len(sizes), 37, 100, generator=gen).to(dtype)
+    bias = torch.randn(len(sizes), 37, generator=gen).to(dtype)
+    offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = grouped_mm(a_MK, w_GNK.transpose(-2, -1), offs=offs, bias=bias, out_dtype=out_dtype)
+    finally:
+        torch.set_num_threads(before)
+    assert kernel_calls == [len([n for n in taken if n])]
+    assert out.dtype == (out_dtype or dtype)
+    assert_close_to_reference(out, a_MK, w_GNK.transpose(-2, -1), offs, bias)
 
 
 def test_without_the_kernel_library_the_loop_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,28 +209,34 @@ def test_without_the_kernel_library_the_loop_runs(monkeypatch: pytest.MonkeyPatc
 
 @needs_avx512
 def test_float32_gradients_through_the_kernel_match_the_loop(kernel_calls: list[int]) -> None:
+    # The backward's dA is a grouped GEMM against b transposed: the [N, K] tiles run it.
     a_MK, b_GKN, offs = _problem([4, 1, 0, 9], 24, 40, seed=11, pad=0)
     a1, b1 = a_MK.clone().requires_grad_(), b_GKN.clone().requires_grad_()
     (grouped_mm(a1, b1, offs=offs) ** 2).sum().backward()
-    a2, b2 = a_MK.clone().requires_grad_(), b_GKN.clone().requires_grad_()
+    a2, b2 = a_MK.double().requires_grad_(), b_GKN.double().requires_grad_()
     (loop_mm(a2, b2, offs, None) ** 2).sum().backward()
-    assert kernel_calls  # the forward ran on the kernel
+    assert len(kernel_calls) == 2  # the forward and dA (dB is a 2-D x 2-D grouped GEMM)
     assert a1.grad is not None and b1.grad is not None
-    torch.testing.assert_close(a1.grad, a2.grad)
-    torch.testing.assert_close(b1.grad, b2.grad)
+    assert a2.grad is not None and b2.grad is not None
+    for got, want in ((a1.grad, a2.grad), (b1.grad, b2.grad)):
+        # Two float32 contractions of at most 40 terms each, in any order.
+        bound = 4 * 40 * torch.finfo(torch.float32).eps * want.abs().max().item()
+        assert (got.double() - want).abs().max().item() <= bound
 
 
 @needs_avx512
 @pytest.mark.parametrize(
     ("what", "expected"),
     [
-        ("a_MK bfloat16", "a_MK torch.bfloat16"),
+        ("b_GKN bfloat16", "b_GKN torch.bfloat16 [2, 4, 8]"),
         ("group out of range", "groups hold a group outside [0, 2)"),
         ("rows past a", "rows outside [0, 10]"),
         ("groups int32", "groups torch.int32"),
         ("chunk 0", "chunk=0"),
         ("bias shape", "bias_GN [3, 8]"),
         ("b contraction", "expected [M, K], [G, K, N], [M, N]"),
+        ("b no unit stride", "stored [K, N] or [N, K]"),
+        ("out strided for [N, K]", "out_MN is not contiguous"),
     ],
 )
 def test_grouped512_checks_what_its_c_code_trusts(what: str, expected: str) -> None:
@@ -187,8 +244,8 @@ def test_grouped512_checks_what_its_c_code_trusts(what: str, expected: str) -> N
     a_MK, b_GKN, out_MN = torch.randn(10, 4), torch.randn(2, 4, 8), torch.empty(10, 8)
     groups = torch.tensor([[0, 0, 3], [1, 3, 10]])
     bias, chunk = None, 8
-    if what == "a_MK bfloat16":
-        a_MK = a_MK.bfloat16()
+    if what == "b_GKN bfloat16":
+        b_GKN = b_GKN.bfloat16()
     elif what == "group out of range":
         groups = torch.tensor([[2, 0, 3]])
     elif what == "rows past a":
@@ -199,10 +256,24 @@ def test_grouped512_checks_what_its_c_code_trusts(what: str, expected: str) -> N
         chunk = 0
     elif what == "bias shape":
         bias = torch.randn(3, 8)
+    elif what == "b no unit stride":
+        b_GKN = torch.randn(2, 8, 16)[:, ::2, ::2]
+    elif what == "out strided for [N, K]":
+        b_GKN = torch.randn(2, 8, 4).transpose(-2, -1)
+        out_MN = torch.empty(10, 16)[:, ::2]
     else:
         b_GKN = torch.randn(2, 5, 8)
     with pytest.raises(GemmInputError, match="grouped512: .*" + re.escape(expected)):
         _KERNELS.grouped512(a_MK, b_GKN, groups, bias, out_MN, chunk=chunk)
+
+
+@needs_avx512
+def test_grouped512_refuses_a_dtype_this_cpu_does_not_run() -> None:
+    assert _KERNELS is not None
+    a_MK, b_GKN = torch.randn(4, 8, dtype=torch.float64), torch.randn(1, 8, 8, dtype=torch.float64)
+    groups = torch.tensor([[0, 0, 4]])
+    with pytest.raises(GemmUnsupportedError, match=r"a_MK.dtype=torch.float64.*grouped_mm"):
+        _KERNELS.grouped512(a_MK, b_GKN, groups, None, torch.empty(4, 8), chunk=8)
 
 
 def test_the_doctor_lists_the_kernel() -> None:

@@ -148,29 +148,42 @@ class CpuKernels:
         chunk: int,
     ) -> None:
         """``out_MN[s:e] = a_MK[s:e] @ b_GKN[g] (+ bias_GN[g])`` for each row ``(g, s, e)`` of
-        ``groups`` (int64 ``[n, 3]``), float32, on OpenMP threads over (group, ``chunk``
-        columns) items; rows of ``out_MN`` in no listed group are left as they are.
+        ``groups`` (int64 ``[n, 3]``), summed in float32 and rounded once, on OpenMP threads
+        over (group, ``chunk`` columns) items; rows of ``out_MN`` in no listed group are left
+        as they are.
 
-        Needs AVX-512F (``torch.float32 in avx512_dtypes``). ``a_MK``, ``b_GKN`` and ``out_MN``
-        with unit last stride, ``bias_GN`` likewise or None; see
-        :mod:`torchnext.gemm.grouped_avx512_source`.
+        Two layouts of ``b_GKN``: stored ``[K, N]`` (unit last stride; float32 only), or a
+        transposed ``[G, N, K]`` (``b_GKN.stride(1) == 1``; the dtypes in
+        :attr:`avx512_dtypes`). ``a_MK`` with unit last stride,
+        ``out_MN`` contiguous float32 (or bfloat16 for bfloat16 inputs), ``bias_GN`` rows of
+        the inputs' dtype or None; see :mod:`torchnext.gemm.grouped_avx512_source`.
         """
-        if torch.float32 not in self.avx512_dtypes:
+        if a_MK.dtype not in self.avx512_dtypes:
             raise GemmUnsupportedError(
-                "grouped512: this CPU has no AVX-512F; use torchnext.gemm.grouped_mm, which "
-                "routes elsewhere"
+                f"grouped512: a_MK.dtype={a_MK.dtype}; this CPU runs it for "
+                f"{sorted(str(d) for d in self.avx512_dtypes) or 'no dtype (no AVX-512)'}; "
+                "use torchnext.gemm.grouped_mm, which routes elsewhere"
             )
-        _check_grouped512(a_MK, b_GKN, groups, bias_GN, out_MN, chunk)
+        stored_kn = _check_grouped512(a_MK, b_GKN, groups, bias_GN, out_MN, chunk)
         g_n, k, n = len(groups), a_MK.shape[1], b_GKN.shape[2]
         gid, starts, ends = (groups[:, i].contiguous() for i in range(3))
         head = [g_n, gid.data_ptr(), starts.data_ptr(), ends.data_ptr(), k, n]
-        ab = [a_MK.data_ptr(), a_MK.stride(0), b_GKN.data_ptr(), b_GKN.stride(1), b_GKN.stride(0)]
+        a = [a_MK.data_ptr(), a_MK.stride(0)]
         bias = [None, 0] if bias_GN is None else [bias_GN.data_ptr(), bias_GN.stride(0)]
-        tail = [out_MN.data_ptr(), out_MN.stride(0), chunk, torch.get_num_threads()]
-        if self._lib.tn_grouped512(*head, *ab, *bias, *tail):
+        threads = torch.get_num_threads()
+        if stored_kn:
+            b = [b_GKN.data_ptr(), b_GKN.stride(1), b_GKN.stride(0)]
+            tail = [out_MN.data_ptr(), out_MN.stride(0), chunk, threads]
+            failed = self._lib.tn_grouped512(*head, *a, *b, *bias, *tail)
+        else:
+            w = [b_GKN.data_ptr(), b_GKN.stride(2), b_GKN.stride(0), SCALE_KINDS[a_MK.dtype]]
+            tail = [out_MN.data_ptr(), SCALE_KINDS[out_MN.dtype], chunk, threads]
+            failed = self._lib.tn_grouped512_nk(*head, *a, *w, *bias, *tail)
+        if failed:
             raise GemmUnsupportedError(
-                "grouped512: the kernel found no AVX-512F on this CPU although the library "
-                "reported it; rebuild with kernels() after clearing the kernel folder"
+                f"grouped512: the kernel found no AVX-512 instructions for {a_MK.dtype} on "
+                "this CPU although the library reported them; rebuild with kernels() after "
+                "clearing the kernel folder"
             )
 
 
@@ -181,18 +194,31 @@ def _check_grouped512(
     bias_GN: torch.Tensor | None,
     out_MN: torch.Tensor,
     chunk: int,
-) -> None:
-    """What the C code takes on trust: it reads and writes by raw pointers."""
-    problems = []
-    ops = {"a_MK": (a_MK, 2), "b_GKN": (b_GKN, 3), "out_MN": (out_MN, 2)}
+) -> bool:
+    """What the C code takes on trust (it reads and writes by raw pointers); returns whether
+    ``b_GKN`` is stored ``[K, N]`` (else it is a transposed ``[G, N, K]``)."""
+    dtype, problems = a_MK.dtype, []
+    stored_kn = b_GKN.dim() == 3 and b_GKN.stride(2) == 1
+    out_dtypes = (torch.float32,) if stored_kn or dtype == torch.float32 else (dtype, torch.float32)
+    ops = {"a_MK": (a_MK, 2, (dtype,)), "b_GKN": (b_GKN, 3, (dtype,))}
+    ops["out_MN"] = (out_MN, 2, out_dtypes)
     if bias_GN is not None:
-        ops["bias_GN"] = (bias_GN, 2)
-    for name, (t, dims) in ops.items():
-        if t.dim() != dims or t.dtype != torch.float32 or t.stride(-1) != 1 or not t.is_cpu:
+        ops["bias_GN"] = (bias_GN, 2, (dtype,))
+    for name, (t, dims, dtypes) in ops.items():
+        if name == "b_GKN":
+            unit = stored_kn or (t.dim() == 3 and t.stride(1) == 1)
+        else:
+            unit = t.stride(-1) == 1
+        if t.dim() != dims or t.dtype not in dtypes or not unit or not t.is_cpu:
+            layout = "stored [K, N] or [N, K]" if name == "b_GKN" else "unit last stride"
             problems.append(
-                f"{name} {t.dtype} {list(t.shape)} on {t.device} "
-                f"(expected float32, {dims}-D, unit last stride, on the CPU)"
+                f"{name} {t.dtype} {list(t.shape)} on {t.device} (expected "
+                f"{' or '.join(str(d) for d in dtypes)}, {dims}-D, {layout}, on the CPU)"
             )
+    if stored_kn and dtype != torch.float32:
+        problems.append(f"b_GKN stored [K, N] in {dtype} (that layout runs float32 only)")
+    if not stored_kn and not out_MN.is_contiguous():
+        problems.append("out_MN is not contiguous (a transposed b_GKN needs it contiguous)")
     if problems:
         raise GemmInputError("grouped512: " + "; ".join(problems))
     m, k = a_MK.shape
@@ -214,6 +240,7 @@ def _check_grouped512(
         problems.append(f"chunk={chunk} (expected a positive column count)")
     if problems:
         raise GemmInputError("grouped512: " + "; ".join(problems))
+    return stored_kn
 
 
 def _check_dense512(
@@ -341,6 +368,9 @@ def _load(path: Path) -> CpuKernels:
     lib.tn_grouped512.argtypes = [i64, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, i64]
     lib.tn_grouped512.argtypes += [ptr, i64, ptr, i64, i64, c_int]
     lib.tn_grouped512.restype = c_int
+    lib.tn_grouped512_nk.argtypes = [i64, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, i64]
+    lib.tn_grouped512_nk.argtypes += [c_int, ptr, i64, ptr, c_int, i64, c_int]
+    lib.tn_grouped512_nk.restype = c_int
     lib.tn_q4_gemv.restype = c_int
     for fn in (lib.tn_q4_dequant, lib.tn_dense_gemv):
         fn.restype = None

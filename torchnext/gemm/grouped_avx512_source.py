@@ -139,6 +139,40 @@ int tn_grouped512(int64_t G, const int64_t* gid, const int64_t* starts, const in
   }
   return 0;
 }
+/* The same for weights stored [N, K] (b[g] a transposed view, as nn.Linear-style experts
+   [G, N, K] go in): w[g] at w + g * gsw with row stride ldw, read by the decode GEMV's tiles
+   (four weight rows against four rows of a), bfloat16 (kind 2) or float32 (kind 4); out of
+   okind 2 or 4 with row stride N; bias of the inputs' kind. Items are (group, chunk of N). */
+int tn_grouped512_nk(int64_t G, const int64_t* gid, const int64_t* starts, const int64_t* ends,
+                     int64_t K, int64_t N, const void* a, int64_t lda, const void* w,
+                     int64_t ldw, int64_t gsw, int kind, const void* bias, int64_t gsbias,
+                     void* out, int okind, int64_t chunk, int nthreads) {
+  static int have = -1;
+  if (have < 0) have = tn_avx512_kinds();
+  if (!(kind == 2 ? have & 2 : kind == 4 ? have & 1 : 0) || chunk <= 0) return -1;
+  if (okind != 2 && okind != 4) return -1;
+  const int64_t chunks = (N + chunk - 1) / chunk, isz = kind, osz = okind;
+  #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    _Pragma("omp for schedule(dynamic, 1)") for (int64_t t = 0; t < G * chunks; t++) {
+      const int64_t i = t / chunks, c0 = (t % chunks) * chunk;
+      const int64_t c1 = c0 + chunk < N ? c0 + chunk : N, g = gid[i], M = ends[i] - starts[i];
+      const char* bias_g = bias ? (const char*)bias + g * gsbias * isz : NULL;
+      const TnOut o = {(char*)out + starts[i] * N * osz, okind, bias_g, kind, N};
+      const char* x = (const char*)a + starts[i] * lda * isz;
+      const char* wg = (const char*)w + g * gsw * isz;
+      for (int64_t n = c0; n < c1;) {
+        const int nb = c1 - n >= 4 ? 4 : 1;
+        if (kind == 2)
+          tn_rows_bf16(nb, M, (const uint16_t*)wg, ldw, (const uint16_t*)x, lda, K, n, &o);
+        else
+          tn_rows_f32(nb, M, (const float*)wg, ldw, (const float*)x, lda, K, n, &o);
+        n += nb;
+      }
+    }
+  }
+  return 0;
+}
 #else
 int tn_grouped512(int64_t G, const int64_t* gid, const int64_t* starts, const int64_t* ends,
                   int64_t K, int64_t N, const float* a, int64_t lda, const float* b,
@@ -147,6 +181,15 @@ int tn_grouped512(int64_t G, const int64_t* gid, const int64_t* starts, const in
   (void)G; (void)gid; (void)starts; (void)ends; (void)K; (void)N; (void)a; (void)lda; (void)b;
   (void)ldb; (void)gsb; (void)bias; (void)gsbias; (void)out; (void)ldo; (void)chunk;
   (void)nthreads;
+  return -1;
+}
+int tn_grouped512_nk(int64_t G, const int64_t* gid, const int64_t* starts, const int64_t* ends,
+                     int64_t K, int64_t N, const void* a, int64_t lda, const void* w,
+                     int64_t ldw, int64_t gsw, int kind, const void* bias, int64_t gsbias,
+                     void* out, int okind, int64_t chunk, int nthreads) {
+  (void)G; (void)gid; (void)starts; (void)ends; (void)K; (void)N; (void)a; (void)lda; (void)w;
+  (void)ldw; (void)gsw; (void)kind; (void)bias; (void)gsbias; (void)out; (void)okind;
+  (void)chunk; (void)nthreads;
   return -1;
 }
 #endif

@@ -4,8 +4,9 @@ What it is: the routes every grouped GEMM with offsets takes on the CPU, and on 
 neither torch's kernel nor Triton runs. A grouped GEMM streams each used expert's weight once
 and does 2 rows K N flops per group.
 
-- Small float32 groups (1 to ``_KERNEL_MAX_ROWS`` rows, 2-D x 3-D, ``b[g]`` stored ``[K, N]``)
-  go to the AVX-512 kernel (:mod:`torchnext.gemm.grouped_avx512_source`) where the CPU has
+- Small groups of 2-D x 3-D (up to 8 to 64 rows by layout and dtype, ``_KERNEL_MAX_ROWS``):
+  float32 with ``b[g]`` stored ``[K, N]``, or float32 / bfloat16 with ``b`` a transposed
+  ``[G, N, K]``, go to the AVX-512 kernels (:mod:`torchnext.gemm.grouped_avx512_source`) where the CPU has
   AVX-512F: torch's ``mm`` at a few rows reads the weight far below memory bandwidth. The
   larger groups of the same call then run inline on torch's own threads.
 - Otherwise, on one thread, torch's C++ loop of ``mm``. With more threads each small ``mm`` of
@@ -55,10 +56,12 @@ _HALF = (torch.bfloat16, torch.float16)
 # Below this many multiply-adds a CPU call stays on the calling thread: handing work to the
 # pool costs tens of microseconds.
 _THREADED_MIN_MACS = 1 << 22
-# Groups of at most this many rows go to the AVX-512 kernel where it runs: measured against
-# torch's mm at K = N = 512 and 1024, it wins 2-3x at 4 to 8 rows, 1.2-1.4x at 64, and is
-# level at 128.
-_KERNEL_MAX_ROWS = 64
+# Groups of at most this many rows go to the AVX-512 kernel where it runs, by weight layout and
+# dtype. Measured against torch's mm at K = N = 512 and 1024, 1 and 2 threads: stored [K, N],
+# float32: 2-3x at 4 to 8 rows, 1.1-1.4x at 64, level at 128; a transposed [G, N, K]: float32
+# 1.2-2.3x at 8 to 32 rows, 0.97-1.4x at 64; bfloat16 (torch's own runs AVX-512 BF16 too)
+# 1.6x at one row, 1.0-1.2x at 8, behind from 32.
+_KERNEL_MAX_ROWS = {"kn": 64, "nk float32": 32, "nk bfloat16": 8}
 # A group costs about its rows plus this many rows' worth of streaming its weight once
 # (memory bandwidth against FMA rate on the CPUs measured); used to balance threads.
 _WEIGHT_ROWS = 8
@@ -158,25 +161,26 @@ def grouped_mm_looped(
 def _small_groups(
     a: Tensor, b: Tensor, bias: Tensor | None, p: GroupedProblem
 ) -> list[tuple[int, int, int]]:
-    """The groups ``(g, start, end)`` the AVX-512 kernel takes: float32 2-D x 3-D groups of
-    1 to ``_KERNEL_MAX_ROWS`` rows with ``b[g]`` stored ``[K, N]`` (unit column stride), on a
-    CPU with AVX-512F and a built kernel library; none otherwise."""
+    """The groups ``(g, start, end)`` the AVX-512 kernel takes: 2-D x 3-D groups of 1 to
+    ``_KERNEL_MAX_ROWS[layout]`` rows, float32 with ``b[g]`` stored ``[K, N]``, or any dtype the CPU
+    runs (float32; bfloat16 with AVX-512 BF16) with ``b`` a transposed ``[G, N, K]``; a bias
+    in the inputs' dtype; none where the CPU or the build lacks the kernel."""
     mode, _, dtype, ends = p
-    if (
-        mode != "2d3d"
-        or a.device.type != "cpu"
-        or not a.dtype == b.dtype == dtype == torch.float32
-        or a.stride(1) != 1
-        or b.stride(2) != 1
-        or b.shape[2] == 0
-        or (bias is not None and (bias.dtype != torch.float32 or bias.stride(1) != 1))
-    ):
+    if mode != "2d3d" or a.device.type != "cpu" or a.stride(1) != 1 or b.shape[2] == 0:
         return []
-    if not small_group_kernel():
+    if b.stride(2) == 1:  # stored [K, N]
+        runs, limit = a.dtype == dtype == torch.float32, _KERNEL_MAX_ROWS["kn"]
+    else:  # nn.Linear-style [G, N, K] experts, transposed
+        runs = b.stride(1) == 1 and dtype in (a.dtype, torch.float32)
+        limit = _KERNEL_MAX_ROWS.get(f"nk {str(a.dtype).removeprefix('torch.')}", 0)
+    if not runs or (bias is not None and (bias.dtype != a.dtype or bias.stride(1) != 1)):
         return []
-    starts = [0, *ends[:-1]]
+    kern = gemv_cpu.kernels()
+    if kern is None or a.dtype not in kern.avx512_dtypes:
+        return []
+    starts = [0, *ends[:-1]] if ends else []
     spans = enumerate(zip(starts, ends, strict=True))
-    return [(g, s, e) for g, (s, e) in spans if 0 < e - s <= _KERNEL_MAX_ROWS]
+    return [(g, s, e) for g, (s, e) in spans if 0 < e - s <= limit]
 
 
 def small_group_kernel() -> bool:
