@@ -161,7 +161,8 @@ def grouped_mm_looped(
 def _small_groups(
     a: Tensor, b: Tensor, bias: Tensor | None, p: GroupedProblem
 ) -> list[tuple[int, int, int]]:
-    """The groups ``(g, start, end)`` the AVX-512 kernel takes: 2-D x 3-D groups of 1 to
+    """The groups ``(g, start, end)`` the AVX-512 kernel takes, where they hold half the rows
+    or more: 2-D x 3-D groups of 1 to
     ``_KERNEL_MAX_ROWS[layout]`` rows, float32 with ``b[g]`` stored ``[K, N]``, or any dtype the CPU
     runs (float32; bfloat16 with AVX-512 BF16) with ``b`` a transposed ``[G, N, K]``; a bias
     in the inputs' dtype; none where the CPU or the build lacks the kernel."""
@@ -180,7 +181,11 @@ def _small_groups(
         return []
     starts = [0, *ends[:-1]] if ends else []
     spans = enumerate(zip(starts, ends, strict=True))
-    return [(g, s, e) for g, (s, e) in spans if 0 < e - s <= limit]
+    small = [(g, s, e) for g, (s, e) in spans if 0 < e - s <= limit]
+    # Only where small groups hold most rows (a decode step): in a prefill the large groups
+    # dominate, and torch's loop over all of them (one C++ call) was measured faster than
+    # the kernel beside Python's loop over the rest (0.93x).
+    return small if small and 2 * sum(e - s for _, s, e in small) >= ends[-1] else []
 
 
 def small_group_kernel() -> bool:
