@@ -42,6 +42,7 @@ import torch
 from torchnext import _env
 from torchnext.compat.gemm_internals import torch_version_key
 from torchnext.errors import GemmInputError
+from torchnext.gemm import prepared
 from torchnext.gemm.routes import Problem, Route, route, routes_for
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "clearly_faster",
     "fallback",
     "problem_key",
+    "remembered",
     "tuned_choices",
 ]
 
@@ -185,6 +187,11 @@ def choose(p: Problem) -> Route:
     return chosen
 
 
+def remembered(p: Problem) -> bool:
+    """Whether this process keeps a choice for ``p``'s problem class (tuned or read)."""
+    return problem_key(p) in _memory
+
+
 def fallback(p: Problem) -> str:
     """torch's own route for ``p``, kept where no other wins: the steps in place on the GEMM's
     fresh output, which eager code would compute the same, or ``aten+eager`` where an operand
@@ -289,6 +296,7 @@ def clear(*, disk: bool = False) -> None:
     """Forget remembered choices (and, with ``disk=True``, delete the stored ones)."""
     with _lock:
         _memory.clear()
+        prepared.clear()
         if disk:
             for path in cache_dir().glob("*.json"):
                 path.unlink(missing_ok=True)

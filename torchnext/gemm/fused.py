@@ -31,8 +31,8 @@ import math
 import torch
 
 from torchnext.errors import GemmInputError, GemmUnsupportedError
-from torchnext.gemm import gemv
-from torchnext.gemm.autotune import choose
+from torchnext.gemm import gemv, prepared
+from torchnext.gemm.autotune import choose, remembered
 from torchnext.gemm.epilogue import Epilogue, Step
 from torchnext.gemm.gemv import GEMV_MAX_ROWS
 from torchnext.gemm.quantized_weight import QuantizedWeight
@@ -149,7 +149,19 @@ def gemm(
         GemmInputError: shapes that do not contract, a misshapen bias or operand.
         GemmUnsupportedError: a dtype no route runs (float8/float4 go to ``scaled_mm``).
     """
+    return _gemm(a, b, bias, epilogue, out_dtype)[0]
+
+
+def _gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None,
+    epilogue: Epilogue | None,
+    out_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, prepared.Prepared | None]:
+    """:func:`gemm`, and what a later identical call can skip to (None where it cannot)."""
     _check(a, b, bias, out_dtype)
+    given = epilogue
     epilogue = _EMPTY if epilogue is None else epilogue
     if not isinstance(epilogue, Epilogue):
         raise GemmInputError(
@@ -162,20 +174,34 @@ def gemm(
     a_MK = a if flat else a.reshape(m, k)
     epilogue = _flat_epilogue(epilogue, out_shape, m, n)
     dtype = out_dtype or a.dtype
-    if _sums_in_float32(a.dtype, out_dtype, epilogue):
+    wide = _sums_in_float32(a.dtype, out_dtype, epilogue)
+    if wide:
         a_MK, b = a_MK.float(), b.float()
         bias = None if bias is None else bias.float()
     problem = Problem(a_MK, b, bias, epilogue, dtype)
-    recording = torch.is_grad_enabled() and (
-        a.requires_grad
-        or b.requires_grad
-        or (bias is not None and bias.requires_grad)
-        or any(t.requires_grad for t in epilogue.captured)
-    )
+    recording = _records(a, b, bias, epilogue.captured)
     empty = m == 0 or k == 0 or n == 0  # nothing to tune: torch's answer (bias, or empty)
     chosen = route("aten+eager") if recording or empty else choose(problem)
     out = chosen.run(problem)
-    return out if flat else out.reshape(out_shape)
+    ready = None
+    if not (recording or empty or wide) and remembered(problem):
+        ready = prepared.Prepared(chosen, given, epilogue, dtype, epilogue.captured)
+    return (out if flat else out.reshape(out_shape)), ready
+
+
+def _records(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None,
+    captured: tuple[torch.Tensor, ...],
+) -> bool:
+    """Whether autograd records this call (then only the eager chain has a backward)."""
+    return torch.is_grad_enabled() and (
+        a.requires_grad
+        or b.requires_grad
+        or (bias is not None and bias.requires_grad)
+        or (bool(captured) and any(t.requires_grad for t in captured))
+    )
 
 
 def linear(
@@ -194,9 +220,24 @@ def linear(
     ``[B, 1, K]``) and quantized weights take :func:`torchnext.gemm.gemv.linear`'s GEMV
     path, with the epilogue applied in place on its fresh output.
     """
+    if (
+        type(x) is torch.Tensor
+        and type(weight) is torch.Tensor
+        and not torch.compiler.is_compiling()
+    ):
+        # A call this process has made before: skip to its route (see torchnext.gemm.prepared).
+        key = prepared.signature(x, weight, bias, epilogue, out_dtype)
+        hit = prepared.get(key, epilogue)
+        if hit is not None and not _records(x, weight, bias, hit.captured):
+            k, n = weight.shape[1], weight.shape[0]
+            a_MK = x if x.dim() == 2 else x.reshape(-1, k)
+            out = hit.route.run(Problem(a_MK, weight.t(), bias, hit.flat, hit.out_dtype))
+            return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
+        _check_out_dtype(out_dtype)
+        return _dense_linear(x, weight, bias, epilogue, out_dtype, key)
     _check_out_dtype(out_dtype)
     if isinstance(weight, torch.Tensor) and not _is_torchao(weight):
-        return _dense_linear(x, weight, bias, epilogue, out_dtype)
+        return _dense_linear(x, weight, bias, epilogue, out_dtype, None)
     # The quantized routes sum in float32: keep that where the result or an amax needs it.
     wide = isinstance(x, torch.Tensor) and _sums_in_float32(x.dtype, out_dtype, epilogue or _EMPTY)
     out = gemv.linear(x, weight, bias, out_dtype=torch.float32 if wide else None)
@@ -214,7 +255,9 @@ def _dense_linear(
     bias: torch.Tensor | None,
     epilogue: Epilogue | None,
     out_dtype: torch.dtype | None,
+    key: tuple[object, ...] | None,
 ) -> torch.Tensor:
+    """``key``: the call's :func:`torchnext.gemm.prepared.signature`, where it has one."""
     if weight.dim() != 2:
         raise GemmInputError(
             f"linear(weight): got {_describe(weight)}; expected a 2-D [N, K] tensor as in "
@@ -237,7 +280,10 @@ def _dense_linear(
         wide = _sums_in_float32(x.dtype, out_dtype, epilogue or _EMPTY)
         out = gemv.dense_or_none(x, weight, bias, out_dtype=torch.float32 if wide else None)
     if out is None:
-        return gemm(x, weight.t(), bias=bias, epilogue=epilogue, out_dtype=out_dtype)
+        out, ready = _gemm(x, weight.t(), bias, epilogue, out_dtype)
+        if ready is not None and key is not None:
+            prepared.put(key, ready)
+        return out
     return _epilogue_after(out, epilogue, out_dtype or x.dtype)
 
 

@@ -199,8 +199,13 @@ def _check_grouped512(
     ``b_GKN`` is stored ``[K, N]`` (else it is a transposed ``[G, N, K]``)."""
     dtype, problems = a_MK.dtype, []
     stored_kn = b_GKN.dim() == 3 and b_GKN.stride(2) == 1
-    out_dtypes = (torch.float32,) if stored_kn or dtype == torch.float32 else (dtype, torch.float32)
-    ops = {"a_MK": (a_MK, 2, (dtype,)), "b_GKN": (b_GKN, 3, (dtype,))}
+    out_dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    if not stored_kn and dtype != torch.float32:
+        out_dtypes = (dtype, torch.float32)
+    ops: dict[str, tuple[torch.Tensor, int, tuple[torch.dtype, ...]]] = {
+        "a_MK": (a_MK, 2, (dtype,)),
+        "b_GKN": (b_GKN, 3, (dtype,)),
+    }
     ops["out_MN"] = (out_MN, 2, out_dtypes)
     if bias_GN is not None:
         ops["bias_GN"] = (bias_GN, 2, (dtype,))
