@@ -1,6 +1,7 @@
 """torchnext.gemm.scaled_mm / mm_quantized on the CPU.
 
-TensorWise and RowWise must equal torch's own ``F.scaled_mm`` bit for bit (they route to it).
+TensorWise and RowWise must equal torch's own ``F.scaled_mm`` bit for bit (torch's algorithm,
+with the float8 decode in C: test_scaled_light_cpu).
 The block-wise recipes run the emulation and must sit within float32-accumulation tolerance of
 a float64 product of the dequantized operands: ``|out - ref| <= 4 K eps32 (|A| @ |B|)``.
 """

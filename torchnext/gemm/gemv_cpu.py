@@ -54,14 +54,24 @@ from pathlib import Path
 import torch
 
 from torchnext.errors import GemmInputError, GemmUnsupportedError
-from torchnext.gemm import gemv_avx512_source, gemv_cpu_source, grouped_avx512_source
+from torchnext.gemm import (
+    decode8_source,
+    gemv_avx512_source,
+    gemv_cpu_source,
+    grouped_avx512_source,
+)
 from torchnext.gemm.quantized_weight import SCALE_KINDS, QuantizedWeight
 
 __all__ = ["CpuKernels", "build", "compiler", "kernels"]
 
 log = logging.getLogger(__name__)
 
-_SOURCE = gemv_cpu_source.SOURCE + gemv_avx512_source.SOURCE + grouped_avx512_source.SOURCE
+_SOURCE = (
+    gemv_cpu_source.SOURCE
+    + gemv_avx512_source.SOURCE
+    + grouped_avx512_source.SOURCE
+    + decode8_source.SOURCE
+)
 
 
 @dataclass(frozen=True)
@@ -185,6 +195,61 @@ class CpuKernels:
                 "this CPU although the library reported them; rebuild with kernels() after "
                 "clearing the kernel folder"
             )
+
+    def decode8(
+        self,
+        codes_RC: torch.Tensor,
+        table: torch.Tensor,
+        out_RC: torch.Tensor,
+        *,
+        row_scale: torch.Tensor | None = None,
+        col_scale: torch.Tensor | None = None,
+        scale: float = 1.0,
+    ) -> None:
+        """``out_RC[r, c] = table[codes_RC[r, c]] * scale``, the scale ``row_scale[r]``,
+        ``col_scale[c]`` or ``scale``: one float32 multiply, so the bits of torch's
+        ``decoded * scale``. ``codes_RC`` one-byte codes (uint8 or a float8 dtype) with any
+        strides, ``table`` float32 ``[256]``, ``out_RC`` contiguous float32 ``[R, C]``; see
+        :mod:`torchnext.gemm.decode8_source`."""
+        r, c = codes_RC.shape
+        problems = []
+        if codes_RC.element_size() != 1 or not codes_RC.is_cpu:
+            problems.append(
+                f"codes_RC {codes_RC.dtype} on {codes_RC.device} (expected 1-byte codes on the CPU)"
+            )
+        if (
+            table.dtype != torch.float32
+            or tuple(table.shape) != (256,)
+            or not table.is_contiguous()
+        ):
+            problems.append(
+                f"table {table.dtype} {list(table.shape)} (expected contiguous float32 [256])"
+            )
+        if (
+            out_RC.dtype != torch.float32
+            or tuple(out_RC.shape) != (r, c)
+            or not out_RC.is_contiguous()
+        ):
+            problems.append(
+                f"out_RC {out_RC.dtype} {list(out_RC.shape)} (expected contiguous float32 [{r}, {c}])"
+            )
+        for name, t, n in (("row_scale", row_scale, r), ("col_scale", col_scale, c)):
+            if t is not None and (
+                t.dtype != torch.float32 or t.numel() != n or not t.is_contiguous()
+            ):
+                problems.append(
+                    f"{name} {t.dtype} {list(t.shape)} (expected {n} contiguous float32)"
+                )
+        if row_scale is not None and col_scale is not None:
+            problems.append("both row_scale and col_scale (expected one scale per value)")
+        if problems:
+            raise GemmInputError("decode8: " + "; ".join(problems))
+        rs = None if row_scale is None else row_scale.data_ptr()
+        cs = None if col_scale is None else col_scale.data_ptr()
+        src = [codes_RC.data_ptr(), r, c, codes_RC.stride(0), codes_RC.stride(1)]
+        self._lib.tn_decode8(
+            *src, table.data_ptr(), rs, cs, scale, out_RC.data_ptr(), torch.get_num_threads()
+        )
 
 
 def _check_grouped512(
@@ -376,6 +441,8 @@ def _load(path: Path) -> CpuKernels:
     lib.tn_grouped512_nk.argtypes = [i64, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, i64]
     lib.tn_grouped512_nk.argtypes += [c_int, ptr, i64, ptr, c_int, i64, c_int]
     lib.tn_grouped512_nk.restype = c_int
+    lib.tn_decode8.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, c_float, ptr, c_int]
+    lib.tn_decode8.restype = None
     lib.tn_q4_gemv.restype = c_int
     for fn in (lib.tn_q4_dequant, lib.tn_dense_gemv):
         fn.restype = None

