@@ -3,12 +3,15 @@ and nothing that would change the answer or the autograd graph is skipped with i
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from torchnext.errors import GemmInputError
 from torchnext.gemm import autotune, gemv, prepared
 from torchnext.gemm.epilogue import Epilogue, add, gelu, mul, silu
 from torchnext.gemm.fused import linear
@@ -156,3 +159,51 @@ def test_decode_calls_the_gemv_path_takes_are_not_prepared(k: int, hits: list[bo
     for _ in range(2):
         torch.testing.assert_close(linear(x_1K, w_NK), F.linear(x_1K, w_NK))
     assert hits == [False, gemv.route(x_1K, w_NK) == "aten"]
+
+
+def test_the_table_keeps_no_tensor_alive(hits: list[bool]) -> None:
+    # An epilogue per call (a new residual each step) never hits and holds nothing.
+    x_MK, w_NK, bias_N, _ = _operands()
+    refs = []
+    for _ in range(3):
+        residual_MN = torch.randn(32, 40)
+        refs.append(weakref.ref(residual_MN))
+        linear(x_MK, w_NK, bias_N, epilogue=Epilogue(add(residual_MN)))
+        del residual_MN
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    assert hits == [False, False, False]
+
+
+def test_an_nd_operand_is_read_afresh_every_call(hits: list[bool]) -> None:
+    # A non-contiguous N-D operand is copied when flattened: such calls are never prepared,
+    # so a later change to it (values or requires_grad) is seen.
+    x_BTK, w_NK = torch.randn(2, 5, 24), torch.randn(40, 24)
+    base_BNT = torch.randn(2, 40, 5)
+    residual_BTN = base_BNT.transpose(1, 2)
+    ep = Epilogue(add(residual_BTN))
+    linear(x_BTK, w_NK, epilogue=ep)
+    base_BNT.add_(100)
+    torch.testing.assert_close(
+        linear(x_BTK, w_NK, epilogue=ep), F.linear(x_BTK, w_NK) + residual_BTN
+    )
+    base_BNT.requires_grad_()
+    assert linear(x_BTK, w_NK, epilogue=Epilogue(add(base_BNT.transpose(1, 2)))).requires_grad
+    assert not any(hits)
+
+
+def test_parameters_of_a_module_take_the_prepared_route(hits: list[bool]) -> None:
+    layer = torch.nn.Linear(24, 40)
+    x_MK = torch.randn(32, 24)
+    ep = Epilogue(gelu())
+    with torch.no_grad():
+        outs = [linear(x_MK, layer.weight, layer.bias, epilogue=ep) for _ in range(2)]
+    assert hits == [False, True]
+    torch.testing.assert_close(outs[1], F.gelu(layer(x_MK)).detach())
+    out = linear(x_MK, layer.weight, layer.bias, epilogue=ep)  # grad mode: autograd records
+    assert out.grad_fn is not None
+
+
+def test_a_bias_that_is_not_a_tensor_is_a_clear_error() -> None:
+    with pytest.raises(GemmInputError, match=r"gemm\(bias=\.\.\.\): got \[0\.0"):
+        linear(torch.randn(32, 8), torch.randn(12, 8), [0.0] * 12)  # type: ignore[arg-type]

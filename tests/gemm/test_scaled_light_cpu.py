@@ -134,6 +134,7 @@ def test_decode8_gives_the_bits_of_float_times_scale(order: str, scale: str) -> 
     ("what", "expected"),
     [
         ("codes float32", "codes_RC torch.float32"),
+        ("codes 1-D", "expected 2-D one-byte codes on the CPU"),
         ("table int32", "table torch.int32 [256]"),
         ("out transposed", "expected contiguous float32 [4, 8]"),
         ("both scales", "both row_scale and col_scale"),
@@ -147,6 +148,8 @@ def test_decode8_checks_what_its_c_code_trusts(what: str, expected: str) -> None
     kw: dict[str, torch.Tensor] = {}
     if what == "codes float32":
         codes = torch.zeros(4, 8)
+    elif what == "codes 1-D":
+        codes = torch.zeros(32, dtype=torch.uint8)
     elif what == "table int32":
         table = torch.zeros(256, dtype=torch.int32)
     elif what == "out transposed":
@@ -157,3 +160,34 @@ def test_decode8_checks_what_its_c_code_trusts(what: str, expected: str) -> None
         kw = {"row_scale": torch.ones(3)}
     with pytest.raises(GemmInputError, match="decode8: .*" + re.escape(expected)):
         _KERNELS.decode8(codes, table, out, **kw)  # type: ignore[arg-type]
+
+
+@needs_kernels
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 70, 1), (7, 64, 1), (1, 1, 5), (3, 1, 4)])
+@pytest.mark.parametrize("stored", ["[N, K]", "[K, N]"])
+def test_single_rows_and_columns_keep_torchs_layout_and_bits(
+    m: int, k: int, n: int, stored: str
+) -> None:
+    # torch decodes mat.contiguous(), whose strides differ from the canonical ones where a
+    # dimension is 1; its GEMM then sums in another order, which the path must follow.
+    for seed in range(4):
+        a_MK = _fp8((m, k), torch.float8_e4m3fn, seed)
+        b_KN = _fp8((n, k), torch.float8_e4m3fn, 10 + seed)
+        b_KN = b_KN.t() if stored == "[N, K]" else b_KN.t().contiguous()
+        for sa, sb, rec in (
+            (torch.tensor(0.7), torch.tensor(1.3), S.TensorWise),
+            (torch.rand(m, 1) + 0.5, torch.rand(1, n) + 0.5, S.RowWise),
+        ):
+            want = F.scaled_mm(a_MK, b_KN, sa, rec, sb, rec, output_dtype=torch.float32)
+            got = scaled_mm(a_MK, b_KN, sa, rec, sb, rec, output_dtype=torch.float32)
+            assert torch.equal(got, want), (seed, rec)
+
+
+def test_scales_that_require_grad_keep_torchs_autograd_behaviour(decodes: list[int]) -> None:
+    a_MK, b_KN = _fp8((4, 16), torch.float8_e4m3fn, 1), _fp8((8, 16), torch.float8_e4m3fn, 2).t()
+    sa = torch.tensor(0.7, requires_grad=True)
+    out = scaled_mm(a_MK, b_KN, sa, S.TensorWise, torch.tensor(1.0), S.TensorWise)
+    assert out.requires_grad and decodes == []  # torch's call, whose backward says it has none
+    with torch.no_grad():
+        scaled_mm(a_MK, b_KN, sa, S.TensorWise, torch.tensor(1.0), S.TensorWise)
+    assert len(decodes) == 2 or _KERNELS is None

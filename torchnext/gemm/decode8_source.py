@@ -48,11 +48,11 @@ void tn_decode8(const uint8_t* restrict src, int64_t R, int64_t C, int64_t srs, 
       const float sr = rs ? rs[r] : s;
       const uint8_t* p = src + r * srs;
       float* d = dst + r * C;
-      const float* b = buf[r - r0] - c0;
+      const float* b = buf[r - r0];
       if (by_columns && cs)
-        for (int64_t c = c0; c < c1; c++) d[c] = b[c] * cs[c];
+        for (int64_t c = c0; c < c1; c++) d[c] = b[c - c0] * cs[c];
       else if (by_columns)
-        for (int64_t c = c0; c < c1; c++) d[c] = b[c] * sr;
+        for (int64_t c = c0; c < c1; c++) d[c] = b[c - c0] * sr;
       else if (cs)
         for (int64_t c = c0; c < c1; c++) d[c] = table[p[c * scs]] * cs[c];
       else

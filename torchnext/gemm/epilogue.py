@@ -196,7 +196,8 @@ class Epilogue:
     output cast) into the 0-d tensor ``amax``, as delayed FP8 scaling needs.
     """
 
-    __slots__ = ("steps", "amax_into", "_captured", "_signatures", "_nd")
+    # __weakref__: torchnext.gemm.prepared refers to epilogues without keeping them alive.
+    __slots__ = ("steps", "amax_into", "_captured", "_signatures", "_nd", "__weakref__")
 
     def __init__(self, *steps: Step, amax_into: torch.Tensor | None = None) -> None:
         for i, step in enumerate(steps):

@@ -27,6 +27,7 @@ contracted dimension.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -43,6 +44,7 @@ __all__ = ["gemm", "linear"]
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HALF = (torch.bfloat16, torch.float16)
 _EMPTY = Epilogue()
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # types a prepared call may take
 
 
 def _check(
@@ -184,8 +186,11 @@ def _gemm(
     chosen = route("aten+eager") if recording or empty else choose(problem)
     out = chosen.run(problem)
     ready = None
-    if not (recording or empty or wide) and remembered(problem):
-        ready = prepared.Prepared(chosen, given, epilogue, dtype, epilogue.captured)
+    # Only where the call's own epilogue object runs as it is (no N-D operand to reshape per
+    # call): the table then holds nothing but a weak reference to it.
+    reshaped = given is not None and epilogue is not given
+    if not (recording or empty or wide or reshaped) and remembered(problem):
+        ready = prepared.Prepared(chosen, None if given is None else weakref.ref(given), dtype)
     return (out if flat else out.reshape(out_shape)), ready
 
 
@@ -221,17 +226,20 @@ def linear(
     path, with the epilogue applied in place on its fresh output.
     """
     if (
-        type(x) is torch.Tensor
-        and type(weight) is torch.Tensor
+        isinstance(weight, torch.Tensor)
+        and type(x) in _PLAIN
+        and type(weight) in _PLAIN
+        and (bias is None or type(bias) in _PLAIN)
         and not torch.compiler.is_compiling()
     ):
         # A call this process has made before: skip to its route (see torchnext.gemm.prepared).
         key = prepared.signature(x, weight, bias, epilogue, out_dtype)
         hit = prepared.get(key, epilogue)
-        if hit is not None and not _records(x, weight, bias, hit.captured):
+        steps = _EMPTY if epilogue is None else epilogue
+        if hit is not None and not _records(x, weight, bias, steps.captured):
             k, n = weight.shape[1], weight.shape[0]
             a_MK = x if x.dim() == 2 else x.reshape(-1, k)
-            out = hit.route.run(Problem(a_MK, weight.t(), bias, hit.flat, hit.out_dtype))
+            out = hit.route.run(Problem(a_MK, weight.t(), bias, steps, hit.out_dtype))
             return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
         _check_out_dtype(out_dtype)
         return _dense_linear(x, weight, bias, epilogue, out_dtype, key)

@@ -1,7 +1,7 @@
 """The CPU kernels of the decode GEMV: C source, built once per machine, called through ctypes.
 
-When to use: through :func:`torchnext.gemm.gemv.linear`; call :func:`kernels` directly only to
-test or benchmark them. Three kernels over row-major ``x``:
+When to use: through :func:`torchnext.gemm.gemv.linear` (and ``grouped_mm``, ``scaled_mm``);
+call :func:`kernels` directly only to test or benchmark them. The kernels:
 
 - ``q4_gemv``: ``out = x @ W.T`` for a 4-bit weight in the ``blocked8`` layout
   (:mod:`torchnext.gemm.gemv_cpu_source`), the dequantization fused into the reduction:
@@ -16,6 +16,11 @@ test or benchmark them. Three kernels over row-major ``x``:
 - ``dense512``: ``out = x @ W.T`` for bfloat16 (AVX-512 BF16) or float32 (AVX-512F) ``x``
   and weight, where the CPU has the instructions (``avx512_dtypes``); see
   :mod:`torchnext.gemm.gemv_avx512_source`.
+- ``grouped512``: the small groups of a grouped GEMM (:mod:`torchnext.gemm.grouped_avx512_source`).
+- ``decode8``: one-byte codes (float8) to float32 through a table, scaled
+  (:mod:`torchnext.gemm.decode8_source`).
+
+Every method checks what its C code trusts (:mod:`torchnext.gemm.cpu_kernel_checks`).
 
 The C source, why C rather than Inductor, and the ``blocked8`` layout it reads are in
 :mod:`torchnext.gemm.gemv_cpu_source`.
@@ -53,8 +58,9 @@ from pathlib import Path
 
 import torch
 
-from torchnext.errors import GemmInputError, GemmUnsupportedError
+from torchnext.errors import GemmUnsupportedError
 from torchnext.gemm import (
+    cpu_kernel_checks,
     decode8_source,
     gemv_avx512_source,
     gemv_cpu_source,
@@ -76,7 +82,7 @@ _SOURCE = (
 
 @dataclass(frozen=True)
 class CpuKernels:
-    """The loaded library; the methods pass contiguous CPU tensors' ``data_ptr()``."""
+    """The loaded library; the methods check their CPU tensors and pass their ``data_ptr()``."""
 
     path: Path
     simd: bool
@@ -135,7 +141,7 @@ class CpuKernels:
                 f"{sorted(str(d) for d in self.avx512_dtypes) or 'no dtype (no AVX-512)'}; "
                 "call dense_gemv or F.linear instead"
             )
-        _check_dense512(w_NK, x_MK, bias_N, out_MN)
+        cpu_kernel_checks.check_dense512(w_NK, x_MK, bias_N, out_MN)
         (m, k), kind = x_MK.shape, SCALE_KINDS[x_MK.dtype]
         bias = None if bias_N is None else bias_N.data_ptr()
         out = [out_MN.data_ptr(), SCALE_KINDS[out_MN.dtype]]
@@ -174,7 +180,7 @@ class CpuKernels:
                 f"{sorted(str(d) for d in self.avx512_dtypes) or 'no dtype (no AVX-512)'}; "
                 "use torchnext.gemm.grouped_mm, which routes elsewhere"
             )
-        stored_kn = _check_grouped512(a_MK, b_GKN, groups, bias_GN, out_MN, chunk)
+        stored_kn = cpu_kernel_checks.check_grouped512(a_MK, b_GKN, groups, bias_GN, out_MN, chunk)
         g_n, k, n = len(groups), a_MK.shape[1], b_GKN.shape[2]
         gid, starts, ends = (groups[:, i].contiguous() for i in range(3))
         head = [g_n, gid.data_ptr(), starts.data_ptr(), ends.data_ptr(), k, n]
@@ -211,139 +217,14 @@ class CpuKernels:
         ``decoded * scale``. ``codes_RC`` one-byte codes (uint8 or a float8 dtype) with any
         strides, ``table`` float32 ``[256]``, ``out_RC`` contiguous float32 ``[R, C]``; see
         :mod:`torchnext.gemm.decode8_source`."""
+        cpu_kernel_checks.check_decode8(codes_RC, table, out_RC, row_scale, col_scale)
         r, c = codes_RC.shape
-        problems = []
-        if codes_RC.element_size() != 1 or not codes_RC.is_cpu:
-            problems.append(
-                f"codes_RC {codes_RC.dtype} on {codes_RC.device} (expected 1-byte codes on the CPU)"
-            )
-        if (
-            table.dtype != torch.float32
-            or tuple(table.shape) != (256,)
-            or not table.is_contiguous()
-        ):
-            problems.append(
-                f"table {table.dtype} {list(table.shape)} (expected contiguous float32 [256])"
-            )
-        if (
-            out_RC.dtype != torch.float32
-            or tuple(out_RC.shape) != (r, c)
-            or not out_RC.is_contiguous()
-        ):
-            problems.append(
-                f"out_RC {out_RC.dtype} {list(out_RC.shape)} (expected contiguous float32 [{r}, {c}])"
-            )
-        for name, t, n in (("row_scale", row_scale, r), ("col_scale", col_scale, c)):
-            if t is not None and (
-                t.dtype != torch.float32 or t.numel() != n or not t.is_contiguous()
-            ):
-                problems.append(
-                    f"{name} {t.dtype} {list(t.shape)} (expected {n} contiguous float32)"
-                )
-        if row_scale is not None and col_scale is not None:
-            problems.append("both row_scale and col_scale (expected one scale per value)")
-        if problems:
-            raise GemmInputError("decode8: " + "; ".join(problems))
         rs = None if row_scale is None else row_scale.data_ptr()
         cs = None if col_scale is None else col_scale.data_ptr()
         src = [codes_RC.data_ptr(), r, c, codes_RC.stride(0), codes_RC.stride(1)]
         self._lib.tn_decode8(
             *src, table.data_ptr(), rs, cs, scale, out_RC.data_ptr(), torch.get_num_threads()
         )
-
-
-def _check_grouped512(
-    a_MK: torch.Tensor,
-    b_GKN: torch.Tensor,
-    groups: torch.Tensor,
-    bias_GN: torch.Tensor | None,
-    out_MN: torch.Tensor,
-    chunk: int,
-) -> bool:
-    """What the C code takes on trust (it reads and writes by raw pointers); returns whether
-    ``b_GKN`` is stored ``[K, N]`` (else it is a transposed ``[G, N, K]``)."""
-    dtype, problems = a_MK.dtype, []
-    stored_kn = b_GKN.dim() == 3 and b_GKN.stride(2) == 1
-    out_dtypes: tuple[torch.dtype, ...] = (torch.float32,)
-    if not stored_kn and dtype != torch.float32:
-        out_dtypes = (dtype, torch.float32)
-    ops: dict[str, tuple[torch.Tensor, int, tuple[torch.dtype, ...]]] = {
-        "a_MK": (a_MK, 2, (dtype,)),
-        "b_GKN": (b_GKN, 3, (dtype,)),
-    }
-    ops["out_MN"] = (out_MN, 2, out_dtypes)
-    if bias_GN is not None:
-        ops["bias_GN"] = (bias_GN, 2, (dtype,))
-    for name, (t, dims, dtypes) in ops.items():
-        if name == "b_GKN":
-            unit = stored_kn or (t.dim() == 3 and t.stride(1) == 1)
-        else:
-            unit = t.stride(-1) == 1
-        if t.dim() != dims or t.dtype not in dtypes or not unit or not t.is_cpu:
-            layout = "stored [K, N] or [N, K]" if name == "b_GKN" else "unit last stride"
-            problems.append(
-                f"{name} {t.dtype} {list(t.shape)} on {t.device} (expected "
-                f"{' or '.join(str(d) for d in dtypes)}, {dims}-D, {layout}, on the CPU)"
-            )
-    if stored_kn and dtype != torch.float32:
-        problems.append(f"b_GKN stored [K, N] in {dtype} (that layout runs float32 only)")
-    if not stored_kn and not out_MN.is_contiguous():
-        problems.append("out_MN is not contiguous (a transposed b_GKN needs it contiguous)")
-    if problems:
-        raise GemmInputError("grouped512: " + "; ".join(problems))
-    m, k = a_MK.shape
-    g, n = b_GKN.shape[0], b_GKN.shape[2]
-    if b_GKN.shape[1] != k or tuple(out_MN.shape) != (m, n):
-        problems.append(
-            f"shapes a_MK {list(a_MK.shape)}, b_GKN {list(b_GKN.shape)}, out_MN "
-            f"{list(out_MN.shape)} (expected [M, K], [G, K, N], [M, N])"
-        )
-    if bias_GN is not None and tuple(bias_GN.shape) != (g, n):
-        problems.append(f"bias_GN {list(bias_GN.shape)} (expected [{g}, {n}])")
-    if groups.dtype != torch.int64 or groups.dim() != 2 or groups.shape[1] != 3:
-        problems.append(f"groups {groups.dtype} {list(groups.shape)} (expected int64 [n, 3])")
-    elif len(groups):
-        gid, s, e = groups.unbind(1)
-        if bool((gid < 0).any() | (gid >= g).any() | (s < 0).any() | (e < s).any() | (e > m).any()):
-            problems.append(f"groups hold a group outside [0, {g}) or rows outside [0, {m}]")
-    if chunk <= 0:
-        problems.append(f"chunk={chunk} (expected a positive column count)")
-    if problems:
-        raise GemmInputError("grouped512: " + "; ".join(problems))
-    return stored_kn
-
-
-def _check_dense512(
-    w_NK: torch.Tensor, x_MK: torch.Tensor, bias_N: torch.Tensor | None, out_MN: torch.Tensor
-) -> None:
-    """What the C code takes on trust: it reads and writes by raw pointers."""
-    m, k = x_MK.shape
-    n = w_NK.shape[0]
-    problems = []
-    if w_NK.dim() != 2 or w_NK.shape[1] != k or w_NK.dtype != x_MK.dtype or w_NK.stride(-1) != 1:
-        problems.append(
-            f"w_NK {w_NK.dtype} {list(w_NK.shape)} (expected {x_MK.dtype} [N, {k}], unit last stride)"
-        )
-    if not x_MK.is_contiguous():
-        problems.append("x_MK is not contiguous")
-    if bias_N is not None and (
-        tuple(bias_N.shape) != (n,) or bias_N.dtype != x_MK.dtype or not bias_N.is_contiguous()
-    ):
-        problems.append(
-            f"bias_N {bias_N.dtype} {list(bias_N.shape)} (expected contiguous {x_MK.dtype} [{n}])"
-        )
-    if (
-        tuple(out_MN.shape) != (m, n)
-        or out_MN.dtype not in (torch.bfloat16, torch.float32)
-        or not out_MN.is_contiguous()
-    ):
-        problems.append(
-            f"out_MN {out_MN.dtype} {list(out_MN.shape)} (expected contiguous bfloat16 or float32 [{m}, {n}])"
-        )
-    if any(not t.is_cpu for t in (w_NK, x_MK, out_MN)):
-        problems.append("an operand is not on the CPU")
-    if problems:
-        raise GemmInputError("dense512: " + "; ".join(problems))
 
 
 def compiler() -> str | None:

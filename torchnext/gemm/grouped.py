@@ -13,10 +13,11 @@ It is a registered op (``torchnext::grouped_mm``) with a backward, so it works u
 autograd and inside ``torch.compile`` graphs. :func:`available_routes` lists what runs here.
 
 CPU routes: 3-D x 3-D is one ``bmm``; every form with offsets takes the routes of
-:mod:`torchnext.gemm.grouped_cpu`: float32 groups of at most 64 rows (2-D x 3-D, weights
-stored ``[K, N]``) on an AVX-512 kernel where the CPU has AVX-512F, the rest on torch's C++
-loop on one thread, else balanced runs on worker threads (16-bit inputs widened to float32 on
-CPUs without bfloat16 instructions).
+:mod:`torchnext.gemm.grouped_cpu`: small groups of a decode step (2-D x 3-D; float32 up to
+64 rows with weights stored ``[K, N]``, float32 up to 32 and bfloat16 up to 8 with
+``[G, N, K]`` weights passed transposed) on AVX-512 kernels where the CPU has the
+instructions, the rest on torch's C++ loop on one thread, else balanced runs on worker
+threads (16-bit inputs widened to float32 on CPUs without bfloat16 instructions).
 This module checks the arguments, registers the op and its backward, and picks the route.
 
 What not to assume:
@@ -122,7 +123,7 @@ def available_routes(device: torch.device | str = "cpu") -> dict[str, bool]:
     """Which of :func:`grouped_mm`'s routes can run on ``device`` (for ``torchnext doctor``).
 
     ``torch-loop``: torch's own C++ loop (float32, one thread); ``cpu-avx512``: the AVX-512
-    kernel for float32 groups of at most 64 rows (:mod:`torchnext.gemm.grouped_avx512_source`);
+    kernels for a decode step's small groups (:mod:`torchnext.gemm.grouped_avx512_source`);
     ``threads``: the split over worker threads (OpenMP builds); ``torch-kernel``: torch's grouped CUDA kernel (sm90 or
     sm100, bfloat16); ``triton``: the Triton kernel (CUDA with Triton installed); ``loop``:
     a Python loop of ``mm``, which always runs.

@@ -1,10 +1,17 @@
-"""The C source of the AVX-512 grouped GEMM for small groups (``tn_grouped512``).
+"""The C source of the AVX-512 grouped GEMM for small groups (``tn_grouped512``, ``_nk``).
 
 What it is: :data:`SOURCE`, C compiled into the decode kernels' library (by
 :mod:`torchnext.gemm.gemv_cpu`, after :mod:`torchnext.gemm.gemv_avx512_source`, whose target
-attributes and run-time CPU check it shares). It multiplies the groups of rows of a 2-D x 3-D
-grouped GEMM, ``out[s:e] = a[s:e] @ b[g] (+ bias[g])``, in float32, with ``b[g]`` read as it is
-stored by a mixture-of-experts layer: ``[K, N]`` with unit column stride.
+attributes, run-time CPU check and GEMV tiles it shares). Both functions multiply the groups
+of rows of a 2-D x 3-D grouped GEMM, ``out[s:e] = a[s:e] @ b[g] (+ bias[g])``, summed in
+float32 and rounded once:
+
+- ``tn_grouped512``: ``b[g]`` stored ``[K, N]`` (unit column stride), as a mixture-of-experts
+  layer keeps its weights; float32 (AVX-512F).
+- ``tn_grouped512_nk``: ``b`` a transposed ``[G, N, K]`` (``nn.Linear``-style experts passed
+  as ``w.transpose(-2, -1)``, and the backward's ``dA``); the decode GEMV's tiles (four weight
+  rows against four rows of ``a``), float32 or bfloat16 (AVX-512 BF16), out float32 or the
+  inputs' dtype.
 
 Why: a decode step's experts see a few rows each (top-2 of 256 tokens over 64 experts: 8 on
 average), so a grouped GEMM there is a stream of weights, one ``[K, N]`` matrix per expert.
@@ -12,21 +19,23 @@ torch's CPU ``mm`` at such row counts was measured reading the weight at 7 GB/s 
 ``mm`` and ``torch._grouped_mm`` alike); these tiles read each expert's weight once, row after
 row, so the hardware prefetchers follow them.
 
-How: a tile holds 4 rows of ``a`` against 64 columns (4 vectors) of ``b`` in 16 float32 sums;
-each ``b`` vector serves 4 rows and each broadcast element of ``a`` serves 4 vectors. The
-contraction runs in blocks of ``TN_KB`` rows of ``b`` (16 rows x 256 bytes per column strip, in
-L1), with the sums kept in the output between blocks, so every row of a group reuses the block
-from cache and ``b`` is read from memory once however many rows the group has. ``b`` is
-prefetched into L2 256 KiB ahead: measured, that took one thread from 10 to 12-13 GB/s. Work items are
-(group, column chunk) pairs on OpenMP threads, dynamically scheduled.
+How (``[K, N]``): a tile holds 4 rows of ``a`` against 64 columns (4 vectors) of ``b`` in 16
+float32 sums; each ``b`` vector serves 4 rows and each broadcast element of ``a`` serves 4
+vectors. The contraction runs in blocks of ``TN_KB`` rows of ``b`` (16 rows x 256 bytes per
+column strip, in L1), with the sums kept in the output between blocks, so every row of a group
+reuses the block from cache and ``b`` is read from memory once however many rows the group
+has. ``b`` is prefetched into L2 256 KiB ahead: measured, that took one thread from 10 to
+12-13 GB/s. Work items are (group, column chunk) pairs on OpenMP threads, dynamically
+scheduled.
 
 When to use: through :func:`torchnext.gemm.grouped_mm` (:mod:`torchnext.gemm.grouped_cpu`
 chooses the groups that go here); :meth:`torchnext.gemm.gemv_cpu.CpuKernels.grouped512` to test
 or benchmark it.
 
-What not to assume: float32 only (``tn_avx512_kinds() & 1``); elsewhere ``tn_grouped512``
-returns -1 and writes nothing. Sums are float32 in an order other than torch's, so results
-match torch to float32-accumulation tolerance, not bit for bit.
+What not to assume: where the CPU lacks the instructions for the dtype, both functions return
+-1 and write nothing. Sums run in another order than torch's, so results match torch to
+float32-accumulation tolerance, not bit for bit. Groups must not overlap (the running sums
+live in the output): :func:`torchnext.gemm.cpu_kernel_checks.check_grouped512` refuses them.
 
 Shape legend: ``M`` rows of a group, ``K`` contraction, ``N`` columns, ``G`` groups.
 """

@@ -122,11 +122,18 @@ def _light_cpu(
     tensorwise = sa.numel() == 1 and sb.numel() == 1
     if not tensorwise and (sa.numel() != m or sb.numel() != n):
         return None
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (sa, sb, bias, mat_a, mat_b)
+    ):
+        return None  # torch's call has autograd's answer (its backward raises)
     kern = gemv_cpu.kernels()
     if kern is None:
         return None
-    a_MK = torch.empty(m, k, dtype=torch.float32)
-    b_KN = torch.empty(k, n, dtype=torch.float32)
+    # torch decodes mat.contiguous(): its strides can differ from the canonical ones where a
+    # dimension is 1 (a [K, 1] column of a transposed weight), and torch's GEMM then sums in
+    # another order. The same strides here (same memory order, which decode8 writes).
+    a_MK = torch.empty_like(mat_a.contiguous(), dtype=torch.float32)
+    b_KN = torch.empty_like(mat_b.contiguous(), dtype=torch.float32)
     table_a, table_b = _fp8_table(mat_a.dtype), _fp8_table(mat_b.dtype)
     if tensorwise:  # torch: mat.to(float) * scale.item()
         kern.decode8(mat_a, table_a, a_MK, scale=float(sa.item()))
