@@ -97,6 +97,28 @@ def test_every_route_computes_the_epilogue(dtype: torch.dtype, m: int, k: int, n
             assert ("aten+onednn" in names) == (native and onednn_linear_pointwise() is not None)
 
 
+@pytest.mark.parametrize("layout", ["strided", "expanded"])
+def test_every_route_takes_a_bias_and_operands_of_any_strides(layout: str) -> None:
+    # oneDNN read a strided bias as contiguous (wrong values) and an expanded one past its
+    # one-element buffer; the tuner checks a route only on a class's first call.
+    m, k, n = 40, 24, 32
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    if layout == "strided":
+        bias = torch.randn(n, 3)[:, 1]  # an interleaved q/k/v bias
+        full = torch.randn(n, m).t()
+    else:
+        bias = torch.randn(1).expand(n)
+        full = torch.randn(1, n).expand(m, n)
+    for epilogue in (Epilogue(relu()), Epilogue(add(full), gelu()), Epilogue(gelu(), add(full))):
+        want = _reference(a, b, bias, epilogue)
+        problem = Problem(a, b, bias, epilogue, torch.float32)
+        for route in routes_for(problem):
+            if route.name.endswith("inductor"):
+                continue
+            err = (route.run(problem).double() - want).abs().max().item()
+            assert err <= _tolerance(torch.float32, k, want.abs().max().item()), route.name
+
+
 def test_a_route_replaces_aten_only_when_clearly_faster() -> None:
     reference = [1.00, 1.01, 0.99, 1.02, 1.00, 0.98, 1.01]
     assert autotune.clearly_faster([0.90, 0.91, 0.89, 0.92, 0.90, 0.88, 0.91], reference)
@@ -332,3 +354,13 @@ def test_a_first_call_on_nan_inputs_tunes_without_failing() -> None:
     out = gemm(a, torch.randn(8, 4), epilogue=Epilogue(relu()))
     assert out.isnan().all()
     assert list(autotune.tuned_choices().values()) == ["aten+eager"]
+
+
+def test_meta_tensors_give_the_shape_without_tuning() -> None:
+    out = linear(torch.randn(64, 32, device="meta"), torch.randn(16, 32, device="meta"))
+    assert out.is_meta and out.shape == (64, 16)
+
+
+def test_integer_operands_are_told_to_convert_to_a_float_dtype() -> None:
+    with pytest.raises(GemmUnsupportedError, match=r"convert, e\.g\. a\.to\(torch\.float32\)"):
+        gemm(torch.ones(4, 4, dtype=torch.int32), torch.ones(4, 4, dtype=torch.int32))

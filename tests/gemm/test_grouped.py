@@ -391,3 +391,8 @@ def test_meta_tensors_give_the_output_shape() -> None:
     a, b = torch.empty(10, 4, device="meta"), torch.empty(3, 4, 8, device="meta")
     out = grouped_mm(a, b, offs=_offs(2, 5, 7).to("meta"), out_dtype=torch.float32)
     assert out.device.type == "meta" and out.shape == (10, 8)
+
+
+def test_offsets_given_as_a_list_say_how_to_make_the_tensor() -> None:
+    with pytest.raises(GemmInputError, match=r"type\(offs\) is list.*torch\.tensor\(ends"):
+        grouped_mm(torch.randn(5, 4), torch.randn(2, 4, 3), offs=[2, 5])  # type: ignore[arg-type]

@@ -19,18 +19,20 @@ needs on first use. ``torchnext doctor`` lists the routes this machine has.
 
 Modules (one concept each; import the public names from this package):
 
-- ``fused``, ``epilogue``, ``routes``, ``autotune``, ``compile_pass``: :func:`gemm` /
-  :func:`linear`, the epilogue, its routes, the route autotuner, the ``torch.compile`` backend.
+- ``fused``, ``epilogue``, ``routes``, ``autotune``, ``prepared``, ``compile_pass``:
+  :func:`gemm` / :func:`linear`, the epilogue, its routes, the route autotuner, repeated calls,
+  the ``torch.compile`` backend.
 - ``triton_gemm`` (the fused-epilogue Triton template) and ``triton_gemm_checks`` (its
   argument checks, run before Triton is imported).
 - ``scaled`` (:func:`scaled_mm`'s routes, CPU emulation, :func:`mm_quantized`) and
   ``scaled_plan`` (its argument checks and plan); ``triton_scaled`` (the Triton kernel).
 - ``formats`` (NVFP4/MX quantizers, scale swizzle, torchao interop) and ``elements`` (FP4/FP8
   element codes and ``ScaledOperand``, re-exported by ``formats``).
-- ``grouped`` (:func:`grouped_mm`: checks, op, backward, routes), ``grouped_cpu`` (the looped,
-  threaded route), ``triton_grouped`` (the Triton kernel).
-- ``gemv`` (the decode GEMV path), ``gemv_cpu`` (building and loading its C kernels),
-  ``gemv_cpu_source`` (their C source), ``triton_gemv`` (the Triton kernel).
+- ``grouped`` (:func:`grouped_mm`: checks, op, backward, routes), ``grouped_cpu`` (the CPU
+  routes), ``grouped_avx512_source`` (the small-group kernels' C), ``triton_grouped``.
+- ``gemv`` (the decode GEMV path), ``gemv_cpu`` (building and loading the C kernels),
+  ``cpu_kernel_checks`` (what they trust), ``gemv_cpu_source``, ``gemv_avx512_source`` and
+  ``decode8_source`` (their C source), ``triton_gemv`` (the Triton kernel).
 - ``quantized_weight`` (:class:`NVFP4Weight`, :class:`MXFP4Weight`, :class:`Int4Weight`) and
   ``quantized_base`` (their base :class:`QuantizedWeight` and storage layout, re-exported by
   ``quantized_weight``).
@@ -68,6 +70,7 @@ __getattr__, __dir__ = lazy_exports(
         "Int4Weight": "quantized_weight",
         "autotune": "autotune:",
         "formats": "formats:",
+        "prepared": "prepared:",
     },
 )
 
@@ -89,6 +92,7 @@ __all__ = [
     "linear",
     "mm_quantized",
     "mul",
+    "prepared",
     "relu",
     "scale",
     "scaled_mm",
@@ -98,7 +102,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from torchnext.gemm import autotune, formats
+    from torchnext.gemm import autotune, formats, prepared
     from torchnext.gemm.epilogue import (
         Epilogue,
         Step,

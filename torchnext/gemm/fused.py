@@ -67,8 +67,9 @@ def _check(
     if a.dtype not in _FLOATS or b.dtype != a.dtype:
         raise GemmUnsupportedError(
             f"gemm(a, b): dtypes a={a.dtype}, b={b.dtype}; expected both the same floating "
-            f"dtype ({', '.join(str(d) for d in _FLOATS)}): convert one, e.g. "
-            f"a.to({b.dtype}). For float8/float4 operands use torchnext.gemm.scaled_mm"
+            f"dtype ({', '.join(str(d) for d in _FLOATS)}): convert, e.g. "
+            f"a.to({b.dtype if b.dtype in _FLOATS else torch.float32}). For float8/float4 "
+            "operands use torchnext.gemm.scaled_mm"
         )
     both_cpu = a.is_cpu and b.is_cpu  # the common case, without building device objects
     if not both_cpu and a.device != b.device:
@@ -182,7 +183,8 @@ def _gemm(
         bias = None if bias is None else bias.float()
     problem = Problem(a_MK, b, bias, epilogue, dtype)
     recording = _records(a, b, bias, epilogue.captured)
-    empty = m == 0 or k == 0 or n == 0  # nothing to tune: torch's answer (bias, or empty)
+    # Nothing to tune: torch's answer (bias, or empty); meta tensors have no values to time.
+    empty = m == 0 or k == 0 or n == 0 or a.is_meta
     chosen = route("aten+eager") if recording or empty else choose(problem)
     out = chosen.run(problem)
     ready = None

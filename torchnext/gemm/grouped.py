@@ -202,7 +202,8 @@ def _infer(
             want = f"{want_shape}, {'(N,)' if mode == '3d2d' else '(G, N)'}"
             raise _bad("bias.shape", got, want, "Pass one bias row per group.")
         if bias.dtype not in (a.dtype, dtype) or bias.device != a.device:
-            shown, want = f"{bias.dtype} on {bias.device}", f"{a.dtype} or {dtype} on {a.device}"
+            dtypes = f"{a.dtype}" if dtype == a.dtype else f"{a.dtype} or {dtype}"
+            shown, want = f"{bias.dtype} on {bias.device}", f"{dtypes} on {a.device}"
             raise _bad("bias", shown, want, "Cast or move the bias.")
     return mode, out_shape, dtype
 
@@ -212,9 +213,12 @@ def _check_offs_tensor(offs: Tensor | None, a: Tensor, mode: str, b: Tensor) -> 
     if offs is None:
         want = f"an int32 tensor of group ends for {_FORMS[mode]} operands"
         raise _bad("offs", None, want, "Pass torch.cumsum(group_sizes, 0).to(torch.int32).")
-    if not isinstance(offs, Tensor) or offs.dtype != torch.int32:
-        shown = getattr(offs, "dtype", type(offs).__name__)
-        raise _bad("offs.dtype", shown, "torch.int32", "Convert with offs.to(torch.int32).")
+    if not isinstance(offs, Tensor):
+        want = "an int32 tensor of group ends"
+        fix = "Pass torch.tensor(ends, dtype=torch.int32)."
+        raise _bad("type(offs)", type(offs).__name__, want, fix)
+    if offs.dtype != torch.int32:
+        raise _bad("offs.dtype", offs.dtype, "torch.int32", "Convert with offs.to(torch.int32).")
     if offs.dim() != 1:
         shown = f"{offs.dim()} (shape {tuple(offs.shape)})"
         raise _bad("offs.dim()", shown, "1", "Pass one end offset per group.")
@@ -240,7 +244,10 @@ def _ends(offs: Tensor, limit: int, dim: str) -> list[int]:
             raise _bad(f"offs[{i}]", e, want, "Pass torch.cumsum(group_sizes, 0).to(torch.int32).")
         prev = e
     if ends and ends[-1] > limit:
-        fix = f"The groups cover more than the {limit} entries along {dim}."
+        fix = (
+            f"The groups cover more than the {limit} entries along {dim}: pass the ends of "
+            f"the groups in this operand, torch.cumsum(group_sizes, 0) with sum <= {limit}."
+        )
         raise _bad(f"offs[-1] (offs[{len(ends) - 1}])", ends[-1], f"<= {dim} = {limit}", fix)
     return ends
 

@@ -140,7 +140,9 @@ def _onednn_applies(p: Problem) -> bool:
 def _onednn(p: Problem, upcast: bool) -> torch.Tensor:
     a_MK, b_KN = (_upcast(p.a_MK), _upcast(p.b_KN)) if upcast else (p.a_MK, p.b_KN)
     w_NK = b_KN.t()
-    bias_N = None if p.bias_N is None else p.bias_N.to(a_MK.dtype)
+    # oneDNN reads the bias as contiguous whatever its strides (a strided view read wrong
+    # values, an expanded one read past its buffer): one contiguous copy where needed.
+    bias_N = None if p.bias_N is None else p.bias_N.to(a_MK.dtype).contiguous()
     first, rest = p.epilogue.steps[0], p.epilogue.steps[1:]
     if first.op in _ONEDNN_ATTR:
         attr, algorithm = _ONEDNN_ATTR[first.op]
@@ -155,7 +157,7 @@ def _onednn(p: Problem, upcast: bool) -> torch.Tensor:
         other = first.operand
         if not isinstance(other, torch.Tensor):
             raise RuntimeError("a full add without a tensor operand")
-        out_MN = binary(a_MK, other.to(a_MK.dtype), w_NK, bias_N, "add")
+        out_MN = binary(a_MK, other.to(a_MK.dtype).contiguous(), w_NK, bias_N, "add")
     for step in rest:
         step.apply_(out_MN)
     return _finish(p, out_MN)
@@ -189,8 +191,15 @@ _Structure = tuple[tuple[str, float | None], ...]
 
 @functools.cache
 def _compiled(
-    structure: _Structure, has_bias: bool, upcast: bool, out_dtype: torch.dtype
+    structure: _Structure,
+    has_bias: bool,
+    upcast: bool,
+    out_dtype: torch.dtype,
+    layout: tuple[object, ...],
 ) -> Callable[..., torch.Tensor]:
+    """``layout``: what else makes Dynamo recompile (dtypes, operand kinds, unit strides); one
+    compiled function per layout keeps each far below the recompile limit, past which a
+    ``fullgraph=True`` function raises instead of recompiling."""
     from torchnext.gemm.epilogue import ACTIVATIONS
 
     def fused(
@@ -230,7 +239,15 @@ def _inductor(p: Problem, upcast: bool) -> torch.Tensor:
         for s in p.epilogue.steps
     )
     operands = [s.operand for s in p.epilogue.steps if isinstance(s.operand, torch.Tensor)]
-    fn = _compiled(structure, p.bias_N is not None, upcast, p.out_dtype)
+    m, n = p.a_MK.shape[0], p.b_KN.shape[1]
+    layout = (
+        p.a_MK.dtype,
+        p.epilogue.signature(m, n),
+        tuple(t.stride(-1) == 1 for t in (p.a_MK, p.b_KN, *operands)),
+        tuple(t.stride(0) == 1 for t in (p.a_MK, p.b_KN)),
+        None if p.bias_N is None else (p.bias_N.dtype, p.bias_N.stride(0)),
+    )
+    fn = _compiled(structure, p.bias_N is not None, upcast, p.out_dtype, layout)
     return fn(p.a_MK, p.b_KN, p.bias_N, *operands)
 
 
