@@ -16,8 +16,8 @@ CPU routes: 3-D x 3-D is one ``bmm``; every form with offsets takes the routes o
 :mod:`torchnext.gemm.grouped_cpu`: small groups of a decode step (2-D x 3-D; float32 up to
 64 rows with weights stored ``[K, N]``, float32 up to 32 and bfloat16 up to 8 with
 ``[G, N, K]`` weights passed transposed) on AVX-512 kernels where the CPU has the
-instructions, the rest on torch's C++ loop on one thread, else balanced runs on worker
-threads (16-bit inputs widened to float32 on CPUs without bfloat16 instructions).
+instructions, the rest on torch's C++ loop where it takes the call (float32, no bias), else
+balanced runs on worker threads (16-bit inputs widened to float32 on CPUs without bfloat16 instructions).
 This module checks the arguments, registers the op and its backward, and picks the route.
 
 What not to assume:
@@ -122,7 +122,7 @@ def grouped_mm(
 def available_routes(device: torch.device | str = "cpu") -> dict[str, bool]:
     """Which of :func:`grouped_mm`'s routes can run on ``device`` (for ``torchnext doctor``).
 
-    ``torch-loop``: torch's own C++ loop (float32, one thread); ``cpu-avx512``: the AVX-512
+    ``torch-loop``: torch's own C++ loop (float32, no bias); ``cpu-avx512``: the AVX-512
     kernels for a decode step's small groups (:mod:`torchnext.gemm.grouped_avx512_source`);
     ``threads``: the split over worker threads (OpenMP builds); ``torch-kernel``: torch's grouped CUDA kernel (sm90 or
     sm100, bfloat16); ``triton``: the Triton kernel (CUDA with Triton installed); ``loop``:
