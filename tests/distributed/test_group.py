@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+import pytest
 import torch
 
 from torchnext.distributed import FaultTolerantGroup, GroupConfig
@@ -285,3 +286,21 @@ def test_build_connection_is_reused_unless_a_build_kept_it() -> None:
     conns.give_back(second)
     conns.give_back(first)  # the abandoned build ended later: the idle one stays
     assert conns.take() is second
+
+
+def test_a_group_whose_constructor_raised_reports_no_error_of_its_own() -> None:
+    # A worker's error handler asks every live group what broke; one whose registration
+    # raised has no epoch and must answer None rather than raise AttributeError.
+    import torch.distributed as dist
+
+    from torchnext.distributed.group.fault_tolerant_group import live_groups
+    from torchnext.errors import MembershipError
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    first = FaultTolerantGroup(store, member_id="a", world_size=1)
+    try:
+        with pytest.raises(MembershipError, match="member b is member #2 to create group"):
+            FaultTolerantGroup(store, member_id="b", world_size=1)
+        assert [g.errored() for g in live_groups()] == [None] * len(live_groups())
+    finally:
+        first.shutdown()

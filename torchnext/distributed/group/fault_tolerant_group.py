@@ -280,7 +280,11 @@ class FaultTolerantGroup(Collectives, PointToPoint):
 
     def errored(self) -> BaseException | None:
         """Why the current epoch broke (store lost, eviction, revoke, timeout), or None."""
-        return self._fence.error or self._epoch.revoked or self._revoker.last_error
+        # No epoch: the constructor raised before opening one (a worker's error handler can
+        # still find the half-built group among live_groups()).
+        epoch = getattr(self, "_epoch", None)
+        revoked = None if epoch is None else epoch.revoked
+        return self._fence.error or revoked or self._revoker.last_error
 
     def __repr__(self) -> str:
         return (
