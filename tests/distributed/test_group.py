@@ -290,7 +290,7 @@ def test_build_connection_is_reused_unless_a_build_kept_it() -> None:
 
 def test_a_group_whose_constructor_raised_reports_no_error_of_its_own() -> None:
     # A worker's error handler asks every live group what broke; one whose registration
-    # raised has no epoch and must answer None rather than raise AttributeError.
+    # raised has no epoch: it is not listed (it raised AttributeError in errored()).
     import torch.distributed as dist
 
     from torchnext.distributed.group.fault_tolerant_group import live_groups

@@ -104,8 +104,10 @@ _LIVE_GROUPS: weakref.WeakSet[FaultTolerantGroup] = weakref.WeakSet()
 
 
 def live_groups() -> list[FaultTolerantGroup]:
-    """Every group of this process not yet garbage-collected (shut down or not)."""
-    return list(_LIVE_GROUPS)
+    """Every group of this process not yet garbage-collected (shut down or not), less those
+    whose constructor raised before opening an epoch (a worker's error handler asks each
+    group here what broke; a half-built one has nothing to say)."""
+    return [g for g in list(_LIVE_GROUPS) if hasattr(g, "_epoch")]
 
 
 class FaultTolerantGroup(Collectives, PointToPoint):
@@ -280,11 +282,7 @@ class FaultTolerantGroup(Collectives, PointToPoint):
 
     def errored(self) -> BaseException | None:
         """Why the current epoch broke (store lost, eviction, revoke, timeout), or None."""
-        # No epoch: the constructor raised before opening one (a worker's error handler can
-        # still find the half-built group among live_groups()).
-        epoch = getattr(self, "_epoch", None)
-        revoked = None if epoch is None else epoch.revoked
-        return self._fence.error or revoked or self._revoker.last_error
+        return self._fence.error or self._epoch.revoked or self._revoker.last_error
 
     def __repr__(self) -> str:
         return (
