@@ -178,7 +178,12 @@ def test_a_partitioned_host_is_fenced_on_return_and_its_workers_replaced(tmp_pat
     for r in records:
         if r["kind"] == "step":
             by_step.setdefault(r["step"], set()).add(r["checksum"])
-    assert all(len(sums) == 1 for sums in by_step.values()), by_step
+    split = {
+        step: sorted((r["member"], r["epoch"], r["checksum"]) for r in records
+                     if r["kind"] == "step" and r["step"] == step)
+        for step, sums in by_step.items() if len(sums) > 1
+    }  # fmt: skip
+    assert not split, (split, logs)
     done = [r for r in records if r["kind"] == "done"]
     assert len(done) == 3 and {r["world"] for r in done} == {3}, done
     last = max(done, key=lambda r: r["step"])["step"]
