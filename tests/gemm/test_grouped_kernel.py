@@ -236,6 +236,10 @@ def test_float32_gradients_through_the_kernel_match_the_loop(kernel_calls: list[
         ("b contraction", "expected [M, K], [G, K, N], [M, N]"),
         ("b no unit stride", "stored [K, N] or [N, K]"),
         ("out strided for [N, K]", "out_MN is not contiguous"),
+        # What its threads would race on (running sums live in out between blocks of K):
+        ("overlapping groups", "groups whose row ranges overlap"),
+        ("out aliases a", "out_MN shares memory with a_MK or b_GKN"),
+        ("out rows overlap", "out_MN row stride 0 (expected >= N = 8)"),
     ],
 )
 def test_grouped512_checks_what_its_c_code_trusts(what: str, expected: str) -> None:
@@ -260,6 +264,13 @@ def test_grouped512_checks_what_its_c_code_trusts(what: str, expected: str) -> N
     elif what == "out strided for [N, K]":
         b_GKN = torch.randn(2, 8, 4).transpose(-2, -1)
         out_MN = torch.empty(10, 16)[:, ::2]
+    elif what == "overlapping groups":
+        groups = torch.tensor([[0, 0, 5], [1, 3, 10]])
+    elif what == "out aliases a":
+        a_MK, b_GKN = torch.randn(10, 8), torch.randn(2, 8, 8)
+        out_MN = a_MK
+    elif what == "out rows overlap":
+        out_MN = torch.empty(1, 8).expand(10, 8)
     else:
         b_GKN = torch.randn(2, 5, 8)
     with pytest.raises(GemmInputError, match="grouped512: .*" + re.escape(expected)):
@@ -279,26 +290,3 @@ def test_the_doctor_lists_the_kernel() -> None:
     expected = _KERNELS is not None and torch.float32 in _KERNELS.avx512_dtypes
     assert available_routes("cpu")["cpu-avx512"] is expected
     assert available_routes("cuda")["cpu-avx512"] is False
-
-
-@needs_avx512
-@pytest.mark.parametrize(
-    ("what", "expected"),
-    [
-        ("overlapping groups", "groups whose row ranges overlap"),
-        ("out aliases a", "out_MN shares memory with a_MK or b_GKN"),
-        ("out rows overlap", "out_MN row stride 0 (expected >= N = 8)"),
-    ],
-)
-def test_grouped512_refuses_outputs_its_threads_would_race_on(what: str, expected: str) -> None:
-    assert _KERNELS is not None
-    a_MK, b_GKN, out_MN = torch.randn(10, 8), torch.randn(2, 8, 8), torch.empty(10, 8)
-    groups = torch.tensor([[0, 0, 3], [1, 3, 10]])
-    if what == "overlapping groups":
-        groups = torch.tensor([[0, 0, 5], [1, 3, 10]])
-    elif what == "out aliases a":
-        out_MN = a_MK
-    else:
-        out_MN = torch.empty(1, 8).expand(10, 8)
-    with pytest.raises(GemmInputError, match="grouped512: .*" + re.escape(expected)):
-        _KERNELS.grouped512(a_MK, b_GKN, groups, None, out_MN, chunk=8)
